@@ -1,0 +1,3 @@
+from lab.attention.base import AttentionBackend, AttentionInputs, AttentionSpec, KVCacheSpec
+
+__all__ = ["AttentionBackend", "AttentionInputs", "AttentionSpec", "KVCacheSpec"]

@@ -1,0 +1,121 @@
+"""The AttentionBackend seam: how a backend declares its KV cache and runs paged attention.
+
+A backend is built once by the engine (Hydra `_target_` under `conf/attention/`). Per step the
+ModelRunner hands it the step's `AttentionInputs` (plain tensors, no policy) and the backend turns
+them into its own metadata once (`build_metadata`); every attention layer then calls
+`forward(layer_idx, q, k, v, kv_cache, metadata, scale)`.
+
+Layout of the flattened token batch of one step (requests back to back, in scheduler order):
+
+    query_start_loc:  0        q0          q0+q1      ...        T
+                      | req 0 new tokens | req 1 new tokens | ... |
+    for request i:    positions num_computed[i] .. seq_lens[i]-1 are computed this step;
+                      positions 0 .. num_computed[i]-1 are read from the paged cache.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """What a model layer needs from attention (filled by the model from its HF config)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    kind: str = "gqa"  # "mha"/"gqa" share one path; "mla" is a latent-cache model
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """The per-layer KV cache a backend needs: its shape per block and its bytes per token."""
+
+    block_shape: tuple[int, ...]  # shape of one layer's cache; num_blocks is inserted by the backend
+    dtype: torch.dtype
+    bytes_per_token: int  # per layer
+    block_size: int
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one block of one layer."""
+        return self.bytes_per_token * self.block_size
+
+
+@dataclass
+class AttentionInputs:
+    """The step's attention inputs, common to every backend (device tensors + host copies).
+
+    seq_lens[i] = num_computed[i] + query_len[i]; slot_mapping[t] = -1 marks a padding token.
+    """
+
+    query_start_loc: torch.Tensor  # int32 [B+1]
+    seq_lens: torch.Tensor  # int32 [B]
+    num_computed_tokens: torch.Tensor  # int32 [B]
+    block_table: torch.Tensor  # int32 [B, max_blocks]
+    slot_mapping: torch.Tensor  # int64 [T]
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+    query_lens_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return self.max_query_len == 1
+
+
+class AttentionBackend(ABC):
+    """Base class of the `attention` config group. Subclasses implement one attention algorithm."""
+
+    #: the attention kinds this backend supports (see AttentionSpec.kind)
+    supported_kinds: tuple[str, ...] = ("mha", "gqa")
+    name: str = "base"
+
+    def check_supported(self, spec: AttentionSpec) -> None:
+        """Refuse a model whose attention kind this backend does not implement."""
+        if spec.kind not in self.supported_kinds:
+            raise ValueError(
+                f"attention={self.name} does not support {spec.kind!r} attention "
+                f"(supported: {', '.join(self.supported_kinds)})"
+            )
+
+    @abstractmethod
+    def kv_cache_spec(self, spec: AttentionSpec, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
+        """The per-layer cache this backend needs for a model with this attention spec."""
+
+    def allocate_kv_cache(
+        self, kv_spec: KVCacheSpec, num_blocks: int, num_layers: int, device: torch.device
+    ) -> list[torch.Tensor]:
+        """One zeroed cache tensor per layer, shaped (num_blocks, *block_shape) by default."""
+        shape = (num_blocks, *kv_spec.block_shape)
+        return [torch.zeros(shape, dtype=kv_spec.dtype, device=device) for _ in range(num_layers)]
+
+    def build_metadata(self, inputs: AttentionInputs) -> object:
+        """Backend-specific metadata, built once per step. The default passes the inputs through."""
+        return inputs
+
+    @abstractmethod
+    def forward(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,  # [T, num_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,
+        metadata: object,
+        scale: float,
+    ) -> torch.Tensor:
+        """Write k/v of the step's tokens into the cache, attend, return [T, num_heads, head_dim]."""

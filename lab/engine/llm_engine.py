@@ -1,0 +1,152 @@
+"""LLMEngine: builds the engine from a composed config and turns prompts into requests."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import time
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from lab.cache.hashing import make_block_hasher
+from lab.engine.core import EngineCore
+from lab.engine.outputs import CompletionOutput, RequestOutput
+from lab.engine.request import Request
+from lab.metrics.base import StatLogger
+from lab.metrics.stats import RequestStats, StepStats
+from lab.models.tokenizer import load_tokenizer
+from lab.sampling.params import SamplingParams
+from lab.scheduler.scheduler import Scheduler, SchedulerConfig
+from lab.worker.worker import CacheSizing, Worker
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    """The engine seen from a user: add requests, step, collect outputs and statistics."""
+
+    def __init__(self, cfg: DictConfig, loggers: list[StatLogger] | None = None) -> None:
+        self.cfg = cfg
+        self.model_path = instantiate(cfg.model).path()
+        attn_backend = instantiate(cfg.attention)
+        worker_factory = functools.partial(
+            Worker, self.model_path, attn_backend, cfg.device, cfg.dtype, cfg.block_size,
+            cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.seed)
+        self.executor = instantiate(cfg.executor)(worker_factory=worker_factory)
+        worker = self.executor.worker
+        self.hf_config = worker.hf_config
+        self.num_blocks = self.executor.determine_num_blocks(CacheSizing(
+            cfg.num_gpu_blocks, cfg.gpu_memory_utilization, cfg.cpu_kv_cache_gb))
+        self.max_model_len = resolve_max_model_len(
+            cfg.max_model_len, self.hf_config, self.num_blocks, cfg.block_size)
+        self.executor.initialize_cache(self.num_blocks, self.max_model_len)
+        self.kv_bytes_per_token = worker.bytes_per_block // cfg.block_size
+        self.core = EngineCore(self._build_scheduler(cfg), self.executor)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.block_hasher = make_block_hasher(cfg.block_size)
+        self.loggers = list(loggers or [])
+        self.step_stats: list[StepStats] = []
+        self.request_stats: list[RequestStats] = []
+        self._prompts: dict[str, str | None] = {}
+        self._ids = itertools.count()
+
+    def _build_scheduler(self, cfg: DictConfig) -> Scheduler:
+        kv = instantiate(cfg.cache)(num_blocks=self.num_blocks, max_model_len=self.max_model_len)
+        config = SchedulerConfig(
+            cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len,
+            cfg.long_prefill_token_threshold)
+        return Scheduler(config, kv, instantiate(cfg.scheduler), instantiate(cfg.preemption))
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.core.scheduler
+
+    @property
+    def eos_token_id(self) -> int | None:
+        eos = getattr(self.hf_config, "eos_token_id", None)
+        return eos[0] if isinstance(eos, list) else eos
+
+    # -- requests ------------------------------------------------------------------------------
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams | None = None,
+        request_id: str | None = None, arrival_time: float | None = None, priority: int = 0,
+        client_id: str | None = None,
+    ) -> Request:
+        """Validate and queue a request; a bad one raises ValueError and changes nothing."""
+        text = prompt if isinstance(prompt, str) else None
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        params = params if params is not None else SamplingParams()
+        self._validate_prompt(ids)
+        rid = request_id if request_id is not None else str(next(self._ids))
+        if rid in self.scheduler.requests:
+            raise ValueError(f"request_id {rid!r} is already in use")
+        req = Request(rid, ids, params, self.eos_token_id,
+                      time.perf_counter() if arrival_time is None else arrival_time,
+                      priority=priority, client_id=client_id, block_hasher=self.block_hasher)
+        self._prompts[rid] = text
+        self.core.add_request(req)
+        return req
+
+    def _validate_prompt(self, ids: list[int]) -> None:
+        vocab = self.hf_config.vocab_size
+        if not ids:
+            raise ValueError("prompt is empty: give at least one token")
+        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens but max_model_len={self.max_model_len} leaves no "
+                "room for an output token; shorten the prompt or raise max_model_len")
+
+    def abort_request(self, request_ids: list[str]) -> list[RequestOutput]:
+        """Abort requests wherever they are; their blocks are freed at once."""
+        return [self._finish(r) for r in self.core.abort_requests(list(request_ids))]
+
+    def has_unfinished_requests(self) -> bool:
+        return self.core.has_unfinished_requests()
+
+    # -- steps ---------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One engine step; returns an output for every request that got a token."""
+        updated, stats = self.core.step()
+        self.step_stats.append(stats)
+        for logger in self.loggers:
+            logger.on_step(stats)
+        return [self._finish(r) if r.is_finished else self._output(r) for r in updated]
+
+    def _finish(self, req: Request) -> RequestOutput:
+        stats = RequestStats.from_request(req, self.core.origin)
+        self.request_stats.append(stats)
+        for logger in self.loggers:
+            logger.on_request(stats)
+        out = self._output(req)
+        out.metrics = stats
+        self._prompts.pop(req.request_id, None)
+        return out
+
+    def _output(self, req: Request) -> RequestOutput:
+        done = req.is_finished
+        skip = req.sampling_params.skip_special_tokens
+        text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=skip) if done else ""
+        completion = CompletionOutput(0, text, list(req.output_token_ids), req.finish_reason,
+                                      req.stop_reason)
+        return RequestOutput(req.request_id, self._prompts.get(req.request_id),
+                             req.prompt_token_ids, [completion], finished=done)
+
+
+def resolve_max_model_len(knob: int | None, hf_config, num_blocks: int, block_size: int) -> int:
+    """The model's context limit, capped by what the KV cache can hold for one request."""
+    model_max = getattr(hf_config, "max_position_embeddings", None) or 2048
+    capacity = (num_blocks - 1) * block_size
+    if knob is None:
+        return min(model_max, capacity)
+    if knob > model_max:
+        raise ValueError(f"max_model_len={knob} exceeds the model's max_position_embeddings="
+                         f"{model_max}")
+    if knob > capacity:
+        raise ValueError(f"max_model_len={knob} does not fit in the KV cache ({num_blocks} blocks "
+                         f"of {block_size} tokens hold {capacity}); the largest that fits is "
+                         f"{capacity}: lower max_model_len or add KV blocks")
+    return knob

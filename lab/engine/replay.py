@@ -1,0 +1,46 @@
+"""Replaying a workload through the engine in real time (arrivals at their offsets)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from lab.engine.llm_engine import LLMEngine
+from lab.metrics.stats import RunSummary, summarize
+from lab.workloads.base import WorkloadRequest
+
+log = logging.getLogger(__name__)
+
+
+def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
+    """Feed requests at their arrival offsets, step until all finish, return the summary.
+
+    A request the engine rejects (e.g. too long) is logged and skipped; the others run on.
+    """
+    pending = sorted(requests, key=lambda r: r.arrival_time)
+    start = time.perf_counter()
+    i, rejected = 0, 0
+    while i < len(pending) or engine.has_unfinished_requests():
+        now = time.perf_counter() - start
+        while i < len(pending) and pending[i].arrival_time <= now:
+            rejected += _submit(engine, pending[i], start)
+            i += 1
+        if engine.has_unfinished_requests():
+            engine.step()
+        elif i < len(pending):
+            time.sleep(max(0.0, pending[i].arrival_time - (time.perf_counter() - start)))
+    wall = time.perf_counter() - start
+    if rejected:
+        log.warning("%d request(s) were rejected", rejected)
+    return summarize(engine.step_stats, engine.request_stats, wall)
+
+
+def _submit(engine: LLMEngine, wr: WorkloadRequest, start: float) -> int:
+    try:
+        engine.add_request(wr.prompt_token_ids, wr.sampling_params, request_id=wr.request_id,
+                           arrival_time=start + wr.arrival_time, priority=wr.priority,
+                           client_id=wr.client_id)
+        return 0
+    except ValueError as e:
+        log.error("request %s rejected: %s", wr.request_id, e)
+        return 1

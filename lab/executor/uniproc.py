@@ -1,0 +1,25 @@
+"""`executor=uniproc`: one worker in the engine's own process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from lab.executor.base import Executor
+from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from lab.worker.worker import CacheSizing, Worker
+
+
+class UniprocExecutor(Executor):
+    """Calls a single in-process Worker directly."""
+
+    def __init__(self, worker_factory: Callable[[], Worker]) -> None:
+        self.worker = worker_factory()
+
+    def determine_num_blocks(self, sizing: CacheSizing) -> int:
+        return self.worker.determine_num_blocks(sizing)
+
+    def initialize_cache(self, num_blocks: int, max_model_len: int) -> None:
+        self.worker.initialize_cache(num_blocks, max_model_len)
+
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        return self.worker.execute_model(sched)

@@ -1,0 +1,155 @@
+"""Linear layers: a plain Linear and fused (merged) linears for q/k/v and gate/up.
+
+Every linear holds a `quant_method` that creates its weights and computes its forward; the layer
+never branches on which method it holds. The default is `UnquantizedLinearMethod`
+(weight [out, in] in the model dtype, forward = F.linear). A quantization method only has to
+provide the same three methods (`create_weights`, `apply`, `process_weights_after_loading`).
+
+Fused layout of a merged weight (rows = output features):
+
+    rows:  0 ........ s0 ........ s0+s1 ........ s0+s1+s2
+           | shard 0  | shard 1     | shard 2      |        (qkv: | q | k | v |, gate_up: | gate | up |)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    """Copy a checkpoint tensor into a parameter of the same shape (ValueError otherwise)."""
+    if tuple(param.shape) != tuple(loaded.shape):
+        raise ValueError(f"expected shape {tuple(param.shape)}, found {tuple(loaded.shape)}")
+    with torch.no_grad():
+        param.copy_(loaded)
+
+
+class UnquantizedLinearMethod:
+    """The default linear method: a dense weight [out, in] (and optional bias), y = x W^T + b."""
+
+    def create_weights(
+        self, layer: nn.Module, input_size: int, output_sizes: Sequence[int], bias: bool,
+        params_dtype: torch.dtype | None,
+    ) -> None:
+        """Register `weight` (and `bias`) on the layer, uninitialised."""
+        out = sum(output_sizes)
+        layer.weight = nn.Parameter(torch.empty(out, input_size, dtype=params_dtype), requires_grad=False)
+        bias_param = None
+        if bias:
+            bias_param = nn.Parameter(torch.empty(out, dtype=params_dtype), requires_grad=False)
+        layer.register_parameter("bias", bias_param)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The layer's forward."""
+        return F.linear(x, layer.weight, layer.bias)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Nothing to do for dense weights."""
+
+
+class Linear(nn.Module):
+    """y = x W^T + b with W [output_size, input_size]; the math is delegated to `quant_method`."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        quant_method: object | None = None,
+    ) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.output_sizes = self._output_sizes(output_size)
+        self.output_size = sum(self.output_sizes)
+        self.quant_method = quant_method or UnquantizedLinearMethod()
+        self.quant_method.create_weights(self, input_size, self.output_sizes, bias, params_dtype)
+        for param in self.parameters(recurse=False):
+            param.weight_loader = self.weight_loader
+
+    def _output_sizes(self, output_size: int) -> list[int]:
+        return [output_size]
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | str | None = None
+    ) -> None:
+        """Load a whole (unfused) tensor into `param`."""
+        default_weight_loader(param, loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quant_method.apply(self, x)
+
+    def extra_repr(self) -> str:
+        return f"in={self.input_size}, out={self.output_sizes}, bias={self.bias is not None}"
+
+
+class MergedLinear(Linear):
+    """Several linears over the same input stored as one weight; shard k fills its rows."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: Sequence[int],
+        bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        quant_method: object | None = None,
+    ) -> None:
+        self._sizes = list(output_sizes)
+        super().__init__(input_size, sum(output_sizes), bias, params_dtype, quant_method)
+
+    def _output_sizes(self, output_size: int) -> list[int]:
+        return self._sizes
+
+    def shard_index(self, shard_id: int | str) -> int:
+        """The position of a shard in the fused layout."""
+        return int(shard_id)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | str | None = None
+    ) -> None:
+        """Fill the rows of shard `shard_id` (None: the checkpoint already holds the fused tensor)."""
+        if shard_id is None:
+            default_weight_loader(param, loaded)
+            return
+        idx = self.shard_index(shard_id)
+        start = sum(self.output_sizes[:idx])
+        default_weight_loader(param.data.narrow(0, start, self.output_sizes[idx]), loaded)
+
+
+class QKVLinear(MergedLinear):
+    """The fused q/k/v projection: rows | q (H*D) | k (Hkv*D) | v (Hkv*D) |; shard ids "q","k","v"."""
+
+    SHARDS = ("q", "k", "v")
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        quant_method: object | None = None,
+    ) -> None:
+        self.head_dim = head_dim
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+        super().__init__(hidden_size, sizes, bias, params_dtype, quant_method)
+
+    def shard_index(self, shard_id: int | str) -> int:
+        return self.SHARDS.index(shard_id) if isinstance(shard_id, str) else int(shard_id)
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Split the fused output [T, q+k+v] into q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]."""
+        q, k, v = qkv.split(self.output_sizes, dim=-1)
+        d = self.head_dim
+        return (
+            q.reshape(-1, self.num_heads, d),
+            k.reshape(-1, self.num_kv_heads, d),
+            v.reshape(-1, self.num_kv_heads, d),
+        )

@@ -1,0 +1,18 @@
+"""Statistics: StepStats / RequestStats / RunSummary and the StatLogger plug-ins."""
+
+from lab.metrics.base import StatLogger
+from lab.metrics.console import ConsoleLogger
+from lab.metrics.jsonl import JsonlLogger
+from lab.metrics.memory import InMemoryLogger
+from lab.metrics.stats import RequestStats, RunSummary, StepStats, summarize
+
+__all__ = [
+    "ConsoleLogger",
+    "InMemoryLogger",
+    "JsonlLogger",
+    "RequestStats",
+    "RunSummary",
+    "StatLogger",
+    "StepStats",
+    "summarize",
+]

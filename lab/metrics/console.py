@@ -1,0 +1,157 @@
+"""ConsoleLogger: a progress bar, a periodic vLLM-like stats line, and a summary table at close.
+
+The stats line (every `interval_s` seconds of engine time, measured with `StepStats.time`):
+
+    Avg prompt throughput: 812.3 tokens/s, Avg generation throughput: 95.0 tokens/s,
+    Running: 12 reqs, Waiting: 40 reqs, KV cache usage: 37.5%, Prefix cache hit rate: 21.0%,
+    Preemptions: 3
+
+Throughputs are over the interval; the hit rate and preemptions are totals since the start.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from tqdm.auto import tqdm
+
+from lab.metrics.base import StatLogger
+from lab.metrics.stats import RequestStats, RunSummary, StepStats
+
+logger = logging.getLogger(__name__)
+
+
+class ConsoleLogger(StatLogger):
+    """Human-readable progress: tqdm bar over finished requests, stats lines, rich summary."""
+
+    def __init__(self, interval_s: float = 5.0, progress: bool = True) -> None:
+        if not isinstance(interval_s, int | float) or interval_s < 0:
+            raise ValueError(f"ConsoleLogger.interval_s={interval_s!r} must be a number >= 0")
+        self.interval_s = float(interval_s)
+        self.progress = bool(progress)
+        self.run_dir: Path | None = None
+        self._total: int | None = None
+        self._bar: tqdm | None = None
+        self._last_log_time = 0.0
+        self._prompt_tokens = 0  # since the last line
+        self._gen_tokens = 0  # since the last line
+        self._queries = 0  # since the start
+        self._hits = 0
+        self._preemptions = 0
+
+    # -- StatLogger ----------------------------------------------------------------------------
+    def on_start(
+        self,
+        run_dir: Path,
+        config: dict[str, Any] | None = None,
+        total_requests: int | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        super().on_start(run_dir, config, total_requests)
+        self._ensure_bar()
+
+    def set_total(self, n: int) -> None:
+        self._total = n
+        if self._bar is not None:
+            self._bar.total = n
+            self._bar.refresh()
+
+    def on_step(self, stats: StepStats) -> None:
+        self._ensure_bar()
+        self._prompt_tokens += stats.num_prefill_tokens
+        self._gen_tokens += stats.num_generated_tokens
+        self._queries += stats.prefix_cache_queries
+        self._hits += stats.prefix_cache_hits
+        self._preemptions += stats.num_preempted
+        if self._bar is not None and not self._bar.disable:
+            self._bar.set_postfix(
+                run=stats.num_running_reqs, wait=stats.num_waiting_reqs,
+                kv=f"{100 * stats.kv_cache_usage:.0f}%", refresh=False,
+            )
+        elapsed = stats.time - self._last_log_time
+        if elapsed >= self.interval_s and elapsed > 0:
+            self._emit(self.format_line(stats, elapsed))
+            self._last_log_time = stats.time
+            self._prompt_tokens = self._gen_tokens = 0
+
+    def on_request(self, stats: RequestStats) -> None:
+        self._ensure_bar()
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def close(self, summary: RunSummary) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        console = Console()
+        console.print(summary_table(summary))
+        if self.run_dir is not None:
+            console.print(
+                f"run directory: {self.run_dir}", soft_wrap=True, markup=False, highlight=False
+            )
+
+    # -- helpers -------------------------------------------------------------------------------
+    def format_line(self, stats: StepStats, elapsed: float) -> str:
+        """The periodic stats line for the interval of `elapsed` seconds ending at `stats`."""
+        hit_rate = 100 * self._hits / self._queries if self._queries else 0.0
+        return (
+            f"Avg prompt throughput: {self._prompt_tokens / elapsed:.1f} tokens/s, "
+            f"Avg generation throughput: {self._gen_tokens / elapsed:.1f} tokens/s, "
+            f"Running: {stats.num_running_reqs} reqs, Waiting: {stats.num_waiting_reqs} reqs, "
+            f"KV cache usage: {100 * stats.kv_cache_usage:.1f}%, "
+            f"Prefix cache hit rate: {hit_rate:.1f}%, Preemptions: {self._preemptions}"
+        )
+
+    def _ensure_bar(self) -> None:
+        if self._bar is None:
+            self._bar = tqdm(
+                total=self._total, desc="requests", unit="req",
+                disable=not self.progress, dynamic_ncols=True,
+            )
+
+    def _emit(self, line: str) -> None:
+        if self._bar is not None and not self._bar.disable:
+            self._bar.write(line)
+        else:
+            logger.info(line)
+
+
+def summary_table(s: RunSummary) -> Table:
+    """A two-column rich table of the headline numbers of a run."""
+    table = Table(title="run summary", show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    finished = ", ".join(f"{k}={v}" for k, v in sorted(s.num_finished.items())) or "-"
+    rows = [
+        ("requests", f"{s.num_requests} ({finished})"),
+        ("wall time", f"{s.wall_time:.2f} s"),
+        ("output tok/s", _num(s.output_throughput)),
+        ("total tok/s", _num(s.total_throughput)),
+        ("TTFT p50 / p99", f"{_ms(s.ttft_p50)} / {_ms(s.ttft_p99)} ms"),
+        ("TPOT p50 / p99", f"{_ms(s.tpot_p50)} / {_ms(s.tpot_p99)} ms"),
+        ("ITL p50 / p99", f"{_ms(s.itl_p50)} / {_ms(s.itl_p99)} ms"),
+        ("E2E p50 / p99", f"{_ms(s.e2e_p50)} / {_ms(s.e2e_p99)} ms"),
+        ("peak KV usage", _pct(s.peak_kv_cache_usage)),
+        ("prefix-cache hit rate", _pct(s.prefix_cache_hit_rate)),
+        ("preemptions", str(s.num_preemptions)),
+        ("steps / mean batch", f"{s.num_steps} / {_num(s.mean_batch_size)}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{1e3 * x:.1f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"

@@ -1,0 +1,227 @@
+"""The Llama family: Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm).
+
+One flat token batch per step (requests back to back, see lab/attention/base.py); attention is
+delegated to the engine's AttentionBackend with explicit per-step metadata (no globals).
+Weights are stored fused: qkv_proj = | q | k | v |, gate_up_proj = | gate | up |.
+
+Residual stream through a decoder layer (RMSNorm fuses the residual add):
+
+    h, r = input_layernorm(h, r)          # r <- h + r;  h <- norm(r)
+    h = self_attn(h)
+    h, r = post_attention_layernorm(h, r)
+    h = mlp(h)                            # the next layer (or the final norm) adds r back
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lab.attention.base import AttentionBackend, AttentionSpec
+from lab.layers.activation import SiluAndMul
+from lab.layers.embedding import Embedding, LMHead
+from lab.layers.linear import Linear, MergedLinear, QKVLinear, default_weight_loader
+from lab.layers.norm import RMSNorm
+from lab.layers.rotary import RotaryEmbedding, rotate_neox
+from lab.models.weight_utils import StackedMapping, WeightCheck
+
+STACKED = StackedMapping(
+    (
+        ("qkv_proj", "q_proj", "q"),
+        ("qkv_proj", "k_proj", "k"),
+        ("qkv_proj", "v_proj", "v"),
+        ("gate_up_proj", "gate_proj", 0),
+        ("gate_up_proj", "up_proj", 1),
+    )
+)
+SKIPPED = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+@dataclass(frozen=True)
+class LlamaArch:
+    """The per-family differences inside the Llama layout."""
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+
+
+def head_dim_of(cfg) -> int:
+    """Explicit `head_dim` when the config has one, else hidden_size // num_attention_heads."""
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+class LlamaAttention(nn.Module):
+    """Fused qkv projection, optional per-head q/k norm, RoPE, backend attention, o_proj."""
+
+    def __init__(self, cfg, arch: LlamaArch, layer_idx: int, backend: AttentionBackend):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.backend = backend
+        self.head_dim = head_dim_of(cfg)
+        self.scale = self.head_dim**-0.5  # RoPE attention scaling is already inside cos/sin
+        heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.qkv_proj = QKVLinear(cfg.hidden_size, self.head_dim, heads, kv_heads, arch.qkv_bias)
+        self.o_proj = Linear(heads * self.head_dim, cfg.hidden_size, arch.o_bias)
+        if arch.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = arch.qk_norm
+
+    def forward(self, h: torch.Tensor, cos_sin: tuple, kv_cache, metadata) -> torch.Tensor:
+        q, k, v = self.qkv_proj.split(self.qkv_proj(h))
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = cos_sin
+        q, k = rotate_neox(q, cos, sin), rotate_neox(k, cos, sin)
+        out = self.backend.forward(self.layer_idx, q, k, v, kv_cache, metadata, self.scale)
+        return self.o_proj(out.reshape(out.shape[0], -1))
+
+
+class LlamaMLP(nn.Module):
+    """down_proj(silu(gate) * up), gate and up fused into one projection."""
+
+    def __init__(self, cfg, arch: LlamaArch):
+        super().__init__()
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"hidden_act={cfg.hidden_act!r} is not supported (only silu)")
+        ffn = cfg.intermediate_size
+        self.gate_up_proj = MergedLinear(cfg.hidden_size, [ffn, ffn], arch.mlp_bias)
+        self.act = SiluAndMul()
+        self.down_proj = Linear(ffn, cfg.hidden_size, arch.mlp_bias)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(h)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention + MLP block carrying the residual stream separately."""
+
+    def __init__(self, cfg, arch: LlamaArch, layer_idx: int, backend: AttentionBackend):
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, arch, layer_idx, backend)
+        self.mlp = LlamaMLP(cfg, arch)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h, residual, cos_sin, kv_cache, metadata):
+        if residual is None:
+            h, residual = self.input_layernorm(h), h
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(h, cos_sin, kv_cache, metadata)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers, final norm (HF's `model.` prefix)."""
+
+    def __init__(self, cfg, arch: LlamaArch, backend: AttentionBackend):
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, arch, i, backend) for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding.from_hf_config(cfg, head_dim_of(cfg))
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        cos_sin = self.rotary_emb.cos_sin(positions, h.dtype)
+        residual = None
+        for i, layer in enumerate(self.layers):
+            h, residual = layer(h, residual, cos_sin, kv_caches[i], attn_metadata)
+        h, _ = self.norm(h, residual)
+        return h
+
+
+class LlamaForCausalLM(nn.Module):
+    """A Llama-layout causal LM run on a flat token batch with paged attention."""
+
+    @classmethod
+    def arch(cls, cfg) -> LlamaArch:
+        """Llama/Mistral: `attention_bias` on q/k/v/o, `mlp_bias` on the MLP."""
+        bias = bool(getattr(cfg, "attention_bias", False))
+        return LlamaArch(bias, bias, bool(getattr(cfg, "mlp_bias", False)))
+
+    def __init__(self, hf_config, attn_backend: AttentionBackend):
+        super().__init__()
+        cfg = hf_config
+        self.config = cfg
+        self.attention_spec = AttentionSpec(
+            cfg.num_attention_heads, cfg.num_key_value_heads, head_dim_of(cfg), kind="gqa"
+        )
+        attn_backend.check_supported(self.attention_spec)
+        self.num_layers = cfg.num_hidden_layers
+        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+        self.model = LlamaModel(cfg, self.arch(cfg), attn_backend)
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size)
+        if self.tie_word_embeddings:
+            self.lm_head.tie(self.model.embed_tokens)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: object,
+    ) -> torch.Tensor:
+        """input_ids, positions [T] -> final hidden states [T, hidden]."""
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden [N, hidden] -> float32 logits [N, vocab]."""
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load HF-named tensors (fusing q/k/v and gate/up); strict: raises ValueError naming every
+        missing, unexpected and mis-shaped tensor. Returns the names of the parameters loaded."""
+        params = dict(self.named_parameters())
+        check = WeightCheck()
+        for name, tensor in weights:
+            if name.endswith(SKIPPED) or (self.tie_word_embeddings and name == "lm_head.weight"):
+                continue
+            self._load_one(params, name, tensor, check)
+        expected = [c for p in params for c in STACKED.to_checkpoint(p)]
+        check.finish(expected)
+        return set(params)
+
+    def _load_one(self, params: dict, name: str, tensor: torch.Tensor, check: WeightCheck) -> None:
+        param_name, shard = STACKED.to_param(name)
+        param = params.get(param_name)
+        if param is None:
+            check.unexpected.append(name)
+            return
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        try:
+            loader(param, tensor) if shard is None else loader(param, tensor, shard)
+        except ValueError as err:
+            check.mis_shaped.append(f"{name}: {err}")
+            return
+        check.seen.add(name)
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral: the Llama layout (sliding window not applied: exact while seq_len <= window)."""
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Qwen2: bias on q/k/v (not on o_proj)."""
+
+    @classmethod
+    def arch(cls, cfg) -> LlamaArch:
+        return LlamaArch(qkv_bias=True)
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Qwen3: per-head RMSNorm on q and k before RoPE; `attention_bias` on q/k/v/o."""
+
+    @classmethod
+    def arch(cls, cfg) -> LlamaArch:
+        bias = bool(getattr(cfg, "attention_bias", False))
+        return LlamaArch(bias, bias, False, qk_norm=True)

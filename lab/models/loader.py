@@ -1,0 +1,97 @@
+"""Build a model from a Hugging Face checkpoint directory and load its safetensors weights.
+
+The one lookup table of the project lives here: HF `architectures` -> model class.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lab.attention.base import AttentionBackend
+from lab.models.llama import (
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+)
+from lab.models.weight_utils import safetensors_weights
+
+ARCHITECTURES: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def model_class(hf_config) -> type[nn.Module]:
+    """The model class for the config's `architectures`; ValueError naming the supported ones."""
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    for arch in archs:
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+    raise ValueError(
+        f"unsupported architecture {archs or None} (supported: {', '.join(sorted(ARCHITECTURES))})"
+    )
+
+
+def config_dtype(hf_config) -> torch.dtype:
+    """The checkpoint's dtype from config (`dtype` or `torch_dtype`), float32 when absent."""
+    value = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(value, torch.dtype):
+        return value
+    return DTYPES.get(str(value).removeprefix("torch."), torch.float32)
+
+
+def resolve_dtype(dtype_knob: str, hf_config, device: str | torch.device) -> torch.dtype:
+    """"auto" -> the config's dtype on CUDA, float32 on CPU; else one of DTYPES' names."""
+    knob = str(dtype_knob).lower()
+    if knob == "auto":
+        return config_dtype(hf_config) if torch.device(device).type == "cuda" else torch.float32
+    if knob not in DTYPES:
+        raise ValueError(f"dtype={dtype_knob!r} is not supported (allowed: auto, {', '.join(DTYPES)})")
+    return DTYPES[knob]
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Temporarily set torch's default floating dtype (parameters are created in it)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def load_model(
+    path: str | Path, attn_backend: AttentionBackend, dtype: torch.dtype, device: str | torch.device
+) -> tuple[nn.Module, object]:
+    """Build the model for the checkpoint at `path` on `device` in `dtype` and load its weights
+    strictly (ValueError naming every missing, unexpected or mis-shaped tensor)."""
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(path)
+    cls = model_class(hf_config)
+    with torch.device(device), default_dtype(dtype):
+        model = cls(hf_config, attn_backend)
+    model.load_weights(safetensors_weights(path))
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)
+    return model.eval(), hf_config

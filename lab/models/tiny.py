@@ -1,0 +1,191 @@
+"""Tiny real Hugging Face checkpoints, generated deterministically and cached on disk.
+
+A preset is a plain dict (architecture + config fields). `ensure_tiny_model(name)` generates it
+once into `<cache>/<name>-<hash of preset + GENERATOR_VERSION>` (temp dir + atomic rename, so
+parallel processes are safe) and reuses it afterwards.
+
+Weights are re-drawn from a seeded generator so that logits are decisive (greedy ties are rare):
+linears std 1/sqrt(fan_in), embedding std 1, untied lm_head std 4/sqrt(hidden), norm weights
+1 + 0.1·N(0,1), biases 0.1·N(0,1). Tied models get embedding std 0.3 and a final norm x4 instead,
+so that the input token's own embedding does not dominate the logits (no "repeat the last token").
+q/k projections (and q/k norms) get gain 3: peaked attention, so decoding depends on the context. The `<|eos|>` row of the LM head is zeroed so random models
+almost never stop by themselves (use stop tokens / max_tokens to end generations).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from lab.models._corpus import CORPUS
+
+GENERATOR_VERSION = 2
+BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|endoftext|>"  # PAD: what Qwen2Tokenizer expects
+BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
+SEED = 1234
+QK_GAIN = 3.0  # sharper attention: generations depend on the context, not only the last token
+# GPT-4-style pre-tokenisation (as Qwen2/Llama-3 tokenizers split), so that AutoTokenizer's
+# Qwen2Tokenizer, which rebuilds the pipeline with this regex, encodes exactly like tokenizer.json.
+SPLIT_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+_TINY = dict(intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048, dtype="float32")
+PRESETS: dict[str, dict] = {
+    "tiny_llama": dict(_TINY, architecture="LlamaForCausalLM", model_type="llama", hidden_size=64,
+                       head_dim=16, rope_theta=10000.0, tie_word_embeddings=False),
+    "tiny_qwen3": dict(_TINY, architecture="Qwen3ForCausalLM", model_type="qwen3", hidden_size=64,
+                       head_dim=32, rope_theta=1000000.0, tie_word_embeddings=False),
+    "tiny_qwen2": dict(_TINY, architecture="Qwen2ForCausalLM", model_type="qwen2", hidden_size=64,
+                       rope_theta=1000000.0, tie_word_embeddings=True),
+    "bench_llama": dict(architecture="LlamaForCausalLM", model_type="llama", hidden_size=512,
+                        intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
+                        num_key_value_heads=2, vocab_size=16384, max_position_embeddings=4096,
+                        rope_theta=10000.0, tie_word_embeddings=False, dtype="bfloat16"),
+    "bench_qwen3_06b": dict(architecture="Qwen3ForCausalLM", model_type="qwen3", hidden_size=1024,
+                            intermediate_size=3072, num_hidden_layers=12, num_attention_heads=16,
+                            num_key_value_heads=8, head_dim=128, vocab_size=16384,
+                            max_position_embeddings=40960, rope_theta=1000000.0,
+                            tie_word_embeddings=True, dtype="bfloat16"),
+}
+
+
+def preset(name: str) -> dict:
+    """The preset's spec; ValueError listing the presets when unknown."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown tiny model {name!r} (presets: {', '.join(PRESETS)})")
+    return dict(PRESETS[name])
+
+
+def preset_hash(name: str) -> str:
+    """Short hash of the preset spec and the generator version (names the cache entry)."""
+    blob = json.dumps({"spec": preset(name), "version": GENERATOR_VERSION}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def default_cache_dir() -> Path:
+    """$LAB_CACHE_DIR, else ~/.cache/lab/models."""
+    env = os.environ.get("LAB_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "lab" / "models"
+
+
+def ensure_tiny_model(name: str, cache_dir: str | Path | None = None) -> Path:
+    """The directory of the preset's checkpoint, generating it on first use."""
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    final = root / f"{name}-{preset_hash(name)}"
+    if (final / "config.json").exists():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    try:
+        generate_tiny_model(name, tmp)
+        os.rename(tmp, final)
+    except OSError:
+        if not (final / "config.json").exists():  # not a lost race: a real failure
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def generate_tiny_model(name: str, out_dir: str | Path, max_shard_size: str | int | None = None) -> Path:
+    """Write the preset's checkpoint + tokenizer into out_dir (sharded if max_shard_size is set)."""
+    out = Path(out_dir)
+    spec = preset(name)
+    model = build_hf_model(spec)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size is not None else {}
+    model.save_pretrained(out, safe_serialization=True, **kwargs)
+    save_tokenizer(out, spec["vocab_size"])
+    return out
+
+
+def hf_config(spec: dict):
+    """The transformers config of a preset spec."""
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in spec.items() if k not in ("architecture", "model_type", "rope_theta")}
+    return AutoConfig.for_model(
+        spec["model_type"], architectures=[spec["architecture"]],
+        rope_parameters={"rope_type": "default", "rope_theta": spec["rope_theta"]},
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID, hidden_act="silu", rms_norm_eps=1e-6, **fields,
+    )
+
+
+def build_hf_model(spec: dict):
+    """The transformers model of a preset, with seeded decisive weights, in the preset's dtype."""
+    import transformers
+
+    config = hf_config(spec)
+    torch.manual_seed(SEED)
+    model = getattr(transformers, spec["architecture"])(config)
+    redraw_weights(model, config)
+    return model.to(getattr(torch, spec["dtype"])).eval()
+
+
+@torch.no_grad()
+def redraw_weights(model: torch.nn.Module, config) -> None:
+    """Overwrite every parameter from one seeded generator (see the module docstring)."""
+    gen = torch.Generator().manual_seed(SEED)
+    for name, param in sorted(model.named_parameters()):
+        value = torch.randn(param.shape, generator=gen, dtype=torch.float32)
+        param.copy_(_scale(name, param.shape, config, value))
+    model.get_output_embeddings().weight[EOS_ID] = 0.0
+
+
+def _scale(name: str, shape: torch.Size, config, noise: torch.Tensor) -> torch.Tensor:
+    tied = config.tie_word_embeddings
+    if name == "model.norm.weight":
+        return (4.0 if tied else 1.0) * (1.0 + 0.1 * noise)
+    if name.endswith(("q_norm.weight", "k_norm.weight")):
+        return QK_GAIN * (1.0 + 0.1 * noise)
+    if name.endswith("norm.weight"):
+        return 1.0 + 0.1 * noise
+    if name.endswith("bias"):
+        return 0.1 * noise
+    if "embed_tokens" in name:
+        return (0.3 if tied else 1.0) * noise
+    if "lm_head" in name:
+        return noise * 4.0 / config.hidden_size**0.5
+    gain = QK_GAIN if name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
+    return gain * noise / shape[-1] ** 0.5
+
+
+def train_tokenizer(vocab_size: int):
+    """A byte-level BPE trained on the embedded corpus; padded with filler tokens to vocab_size."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[BOS, EOS, PAD], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS.split("\n\n"), trainer=trainer)
+    missing = vocab_size - tok.get_vocab_size()
+    tok.add_tokens([f"<|extra_{i}|>" for i in range(missing)])
+    assert tok.token_to_id(BOS) == BOS_ID and tok.token_to_id(EOS) == EOS_ID
+    return tok
+
+
+def save_tokenizer(out_dir: Path, vocab_size: int) -> None:
+    """Save tokenizer.json + tokenizer_config.json loadable by AutoTokenizer."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(vocab_size), bos_token=BOS, eos_token=EOS, pad_token=PAD,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.save_pretrained(out_dir)

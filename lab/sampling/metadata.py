@@ -1,0 +1,86 @@
+"""SamplingMetadata: the batch's sampling parameters as tensors, built once per step.
+
+Mirrors vLLM V1's `v1/sample/metadata.py`: one row per request in the batch, plus flags that let the
+sampler skip whole stages (the common all-greedy batch costs one argmax and nothing else).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from lab.sampling.params import SamplingParams
+
+
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A per-request RNG on `device`, seeded with `seed` (vLLM keeps one per seeded request)."""
+    return torch.Generator(device=torch.device(device)).manual_seed(seed)
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-row sampling tensors for one step's batch of B requests.
+
+    temperature: float32 [B]; greedy rows hold 1.0 so the sampler never divides by zero.
+    top_k: int64 [B]; 0 means off (-1 in SamplingParams is stored as 0).
+    top_p: float32 [B]; 1.0 means off.   min_p: float32 [B]; 0.0 means off.
+    is_greedy: bool [B]. generators: one per row, None for unseeded and for greedy rows.
+    The flags are batch-wide and let the sampler skip stages nobody asked for.
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    is_greedy: torch.Tensor
+    all_greedy: bool
+    all_random: bool
+    no_top_k: bool
+    no_top_p: bool
+    no_min_p: bool
+    generators: list[torch.Generator | None]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.generators)
+
+    @property
+    def seeded_rows(self) -> list[tuple[int, torch.Generator]]:
+        """(row, generator) for every row that draws its noise from its own generator."""
+        return [(i, g) for i, g in enumerate(self.generators) if g is not None]
+
+    @classmethod
+    def from_params(
+        cls,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> SamplingMetadata:
+        """Build the step's metadata from each row's params and (optional) generator."""
+        if generators is None:
+            generators = [None] * len(params)
+        if len(generators) != len(params):
+            raise ValueError(
+                f"got {len(params)} SamplingParams but {len(generators)} generators; "
+                "need one generator (or None) per row"
+            )
+        greedy = [p.is_greedy for p in params]
+        temps = [1.0 if g else float(p.temperature) for p, g in zip(params, greedy)]
+        top_ks = [max(int(p.top_k), 0) for p in params]  # -1 and 0 both mean off
+        top_ps = [float(p.top_p) for p in params]
+        min_ps = [float(p.min_p) for p in params]
+        return cls(
+            temperature=torch.tensor(temps, dtype=torch.float32, device=device),
+            top_k=torch.tensor(top_ks, dtype=torch.int64, device=device),
+            top_p=torch.tensor(top_ps, dtype=torch.float32, device=device),
+            min_p=torch.tensor(min_ps, dtype=torch.float32, device=device),
+            is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            all_greedy=all(greedy),
+            all_random=not any(greedy),
+            no_top_k=all(k == 0 for k in top_ks),
+            no_top_p=all(p >= 1.0 for p in top_ps),
+            no_min_p=all(p <= 0.0 for p in min_ps),
+            generators=[None if g else gen for g, gen in zip(greedy, generators)],
+        )

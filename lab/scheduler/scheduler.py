@@ -1,0 +1,287 @@
+"""The scheduling mechanism: budgets, chunked prefill, allocation, preemption, stop checks.
+
+There are no prefill/decode phases. Each request is owed `num_tokens - num_computed_tokens`
+tokens; a step serves running requests first (in list order), then waiting ones in policy order,
+within `max_num_batched_tokens` and `max_num_seqs`. *Who* is next and *who* is preempted is the
+queue policy's call; *what happens* to a preempted request is the preemption strategy's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lab.cache.manager import KVCacheManager
+from lab.engine.request import Request, RequestStatus
+from lab.scheduler.output import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from lab.scheduler.preemption import PreemptionStrategy
+from lab.scheduler.queues import RequestQueue
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    long_prefill_token_threshold: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0 (0 = off)")
+
+
+@dataclass
+class _StepPlan:
+    """What one call to schedule() has decided so far."""
+
+    budget: int
+    num_tokens: dict[str, int] = field(default_factory=dict)
+    new_blocks: dict[str, list[int]] = field(default_factory=dict)
+    new_reqs: list[Request] = field(default_factory=list)
+    resumed: set[str] = field(default_factory=set)
+    preempted: list[Request] = field(default_factory=list)
+
+
+@dataclass
+class StepEvents:
+    """Per-step counters the engine turns into StepStats."""
+
+    num_preempted: int = 0
+    preempted_by_strategy: dict[str, int] = field(default_factory=dict)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+
+
+class Scheduler:
+    """One piece of mechanism; the policy and strategy are plug-ins."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_manager: KVCacheManager,
+        queue: RequestQueue,
+        preemption: PreemptionStrategy,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.config = config
+        self.kv = kv_manager
+        self.waiting = queue
+        self.preemption = preemption
+        self.clock = clock
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.finished_req_ids: set[str] = set()
+        self.events = StepEvents()
+
+    # -- requests in and out -------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def abort_requests(self, request_ids: list[str]) -> list[Request]:
+        """Finish requests as aborted, wherever they are, and free everything they hold."""
+        aborted = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None or req.is_finished:
+                continue
+            if req.status == RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            self._finish(req, RequestStatus.FINISHED_ABORTED)
+            aborted.append(req)
+        return aborted
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # -- schedule ------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        self.events = StepEvents()
+        plan = _StepPlan(budget=self.config.max_num_batched_tokens)
+        self._schedule_running(plan)
+        if not plan.preempted:
+            self._schedule_waiting(plan)
+        return self._make_output(plan)
+
+    def _tokens_owed(self, req: Request, budget: int) -> int:
+        n = req.num_tokens - req.num_computed_tokens
+        threshold = self.config.long_prefill_token_threshold
+        if 0 < threshold < n:
+            n = threshold
+        return min(n, budget, self.config.max_model_len - 1 - req.num_computed_tokens)
+
+    def _schedule_running(self, plan: _StepPlan) -> None:
+        i = 0
+        while i < len(self.running) and plan.budget > 0:
+            req = self.running[i]
+            n = self._tokens_owed(req, plan.budget)
+            if n <= 0:
+                i += 1
+                continue
+            blocks = self._allocate_or_preempt(req, n, plan)
+            if blocks is None:  # the request preempted itself
+                break
+            plan.num_tokens[req.request_id] = n
+            plan.new_blocks[req.request_id] = [b.block_id for b in blocks]
+            plan.budget -= n
+            i = self.running.index(req) + 1  # preemptions may have shifted the list
+
+    def _allocate_or_preempt(self, req: Request, n: int, plan: _StepPlan):
+        """Allocate n slots for a running request, preempting victims until it fits."""
+        while True:
+            blocks = self.kv.allocate_slots(req, n)
+            if blocks is not None:
+                return blocks
+            victim = self.waiting.victim(self.running)
+            self._preempt(victim, plan)
+            if victim is req:
+                return None
+
+    def _preempt(self, victim: Request, plan: _StepPlan) -> None:
+        self.running.remove(victim)
+        given_back = plan.num_tokens.pop(victim.request_id, 0)
+        plan.budget += given_back  # a victim scheduled earlier this step returns its budget
+        plan.new_blocks.pop(victim.request_id, None)
+        victim.times.preempted_at = self.clock()
+        self.preemption.preempt(victim, self.kv, self.waiting)
+        plan.preempted.append(victim)
+        name = self.preemption.name
+        self.events.num_preempted += 1
+        self.events.preempted_by_strategy[name] = self.events.preempted_by_strategy.get(name, 0) + 1
+
+    def _schedule_waiting(self, plan: _StepPlan) -> None:
+        while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting.peek()
+            hits, num_hit = [], 0
+            if req.num_computed_tokens == 0:
+                hits, num_hit = self.kv.get_computed_blocks(req)
+            n = min(req.num_tokens - num_hit, plan.budget)
+            threshold = self.config.long_prefill_token_threshold
+            if 0 < threshold < n:
+                n = threshold
+            blocks = self.kv.allocate_slots(req, n, num_hit, hits)
+            if blocks is None:
+                break  # head-of-line blocking keeps the policy's order
+            self.waiting.pop()
+            self._admit(req, num_hit, plan)
+            plan.num_tokens[req.request_id] = n
+            plan.new_blocks[req.request_id] = self.kv.get_block_ids(req.request_id)
+            plan.budget -= n
+
+    def _admit(self, req: Request, num_hit: int, plan: _StepPlan) -> None:
+        now = self.clock()
+        if req.status == RequestStatus.PREEMPTED:
+            plan.resumed.add(req.request_id)
+            if req.times.preempted_at is not None:
+                req.times.time_preempted += now - req.times.preempted_at
+                req.times.preempted_at = None
+        else:
+            plan.new_reqs.append(req)
+        if req.times.first_scheduled is None:
+            req.times.first_scheduled = now
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = num_hit
+        req.status = RequestStatus.RUNNING
+        req.num_computed_tokens = num_hit
+        self.running.append(req)
+
+    def _make_output(self, plan: _StepPlan) -> SchedulerOutput:
+        out = SchedulerOutput(
+            num_scheduled_tokens=plan.num_tokens,
+            total_num_scheduled_tokens=sum(plan.num_tokens.values()),
+            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids={r.request_id for r in plan.preempted},
+        )
+        new_ids = {r.request_id for r in plan.new_reqs}
+        for req in self.running:
+            rid = req.request_id
+            if rid not in plan.num_tokens:
+                continue
+            self._count_tokens(req, plan.num_tokens[rid])
+            if rid in new_ids:
+                out.scheduled_new_reqs.append(NewRequestData(
+                    rid, req.prompt_token_ids, req.sampling_params,
+                    plan.new_blocks[rid], req.num_computed_tokens))
+            else:
+                out.scheduled_cached_reqs.append(CachedRequestData(
+                    rid, plan.new_blocks[rid], req.num_computed_tokens,
+                    resumed_from_preemption=rid in plan.resumed))
+            req.num_computed_tokens += plan.num_tokens[rid]  # the next chunk can go next step
+        self.finished_req_ids = set()
+        self._check_invariants(out)
+        return out
+
+    def _count_tokens(self, req: Request, n: int) -> None:
+        prefill = max(0, min(n, req.num_prompt_tokens - req.num_computed_tokens))
+        self.events.num_prefill_tokens += prefill
+        self.events.num_decode_tokens += n - prefill
+
+    def _check_invariants(self, out: SchedulerOutput) -> None:
+        assert out.total_num_scheduled_tokens <= self.config.max_num_batched_tokens
+        assert len(self.running) <= self.config.max_num_seqs
+
+    # -- update --------------------------------------------------------------------------------
+    def update_from_output(
+        self, sched: SchedulerOutput, result: ModelRunnerOutput
+    ) -> list[Request]:
+        """Append sampled tokens, apply stop checks, free finished requests.
+
+        Returns the requests that received a token this step (finished ones included).
+        """
+        now = self.clock()
+        updated = []
+        for rid in sched.num_scheduled_tokens:
+            token = result.sampled_token_ids.get(rid)
+            req = self.requests.get(rid)
+            if token is None or req is None or req.is_finished:
+                continue  # a partial prefill samples nothing
+            req.append_output_token(token)
+            _record_token_time(req, now)
+            status = self._check_stop(req, token)
+            if status is not None:
+                self.running.remove(req)
+                self._finish(req, status)
+            updated.append(req)
+        return updated
+
+    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
+        params = req.sampling_params
+        if req.num_tokens >= self.config.max_model_len or req.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        if req.num_output_tokens < params.min_tokens:
+            return None
+        if not params.ignore_eos and token == req.eos_token_id:
+            return RequestStatus.FINISHED_STOPPED
+        if token in params.stop_token_ids:
+            req.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        return None
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        req.status = status
+        req.times.finished = self.clock()
+        self.kv.free(req)
+        self.finished_req_ids.add(req.request_id)
+        del self.requests[req.request_id]
+
+
+def _record_token_time(req: Request, now: float) -> None:
+    if req.times.first_token is None:
+        req.times.first_token = now
+    req.times.last_token = now
+    req.times.token_times.append(now)

@@ -1,0 +1,131 @@
+"""Worker: owns the device, the model and its KV cache; sizes the cache from memory."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lab.attention.base import AttentionBackend, KVCacheSpec
+from lab.models.loader import load_model, resolve_dtype
+from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from lab.worker.model_runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CacheSizing:
+    """How the number of KV blocks is chosen: an explicit count, or a memory budget."""
+
+    num_gpu_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_gb: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
+            raise ValueError(f"num_gpu_blocks={self.num_gpu_blocks} must be >= 2 (block 0 is null)")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.cpu_kv_cache_gb <= 0:
+            raise ValueError("cpu_kv_cache_gb must be > 0")
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' picks CUDA when it is available, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device={device!r} is invalid: use auto, cpu, cuda or cuda:N") from e
+
+
+class Worker:
+    """Loads the model on its device and runs steps through its ModelRunner."""
+
+    def __init__(
+        self, model_path: Path, attn_backend: AttentionBackend, device: str, dtype: str,
+        block_size: int, max_num_seqs: int, max_num_batched_tokens: int, seed: int,
+    ) -> None:
+        self.device = resolve_device(device)
+        torch.manual_seed(seed)
+        self.attn_backend = attn_backend
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.hf_config = None
+        self.dtype = None
+        self.model = None
+        self._load(model_path, dtype)
+        self.runner: ModelRunner | None = None
+
+    def _load(self, model_path: Path, dtype: str) -> None:
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(model_path)
+        self.dtype = resolve_dtype(dtype, hf_config, self.device)
+        self.model, self.hf_config = load_model(model_path, self.attn_backend, self.dtype, self.device)
+        self.attn_backend.check_supported(self.model.attention_spec)
+
+    @property
+    def kv_spec(self) -> KVCacheSpec:
+        return self.attn_backend.kv_cache_spec(self.model.attention_spec, self.block_size, self.dtype)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """KV bytes of one block across all layers."""
+        return self.kv_spec.page_bytes * self.model.num_layers
+
+    def determine_num_blocks(self, sizing: CacheSizing) -> int:
+        if sizing.num_gpu_blocks is not None:
+            return sizing.num_gpu_blocks
+        if self.device.type == "cuda":
+            available = self._profile_cuda_memory(sizing.gpu_memory_utilization)
+        else:
+            available = int(sizing.cpu_kv_cache_gb * 2**30)
+        num_blocks = available // self.bytes_per_block
+        if num_blocks < 2:
+            raise RuntimeError(
+                f"no memory left for the KV cache ({available / 2**30:.2f} GiB available); "
+                "lower max_num_batched_tokens or raise gpu_memory_utilization"
+            )
+        return int(num_blocks)
+
+    def _profile_cuda_memory(self, utilization: float) -> int:
+        """Run a dummy max-size forward, measure the peak, and leave the rest for the cache."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._dummy_forward(self.max_num_batched_tokens)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        used_outside_torch = total - free - torch.cuda.memory_reserved(self.device)
+        return int(total * utilization - peak - max(used_outside_torch, 0))
+
+    def _dummy_forward(self, num_tokens: int) -> None:
+        from lab.scheduler.output import NewRequestData
+        from lab.sampling.params import SamplingParams
+
+        num_blocks = -(-num_tokens // self.block_size) + 1
+        runner = self._make_runner(num_blocks, max_model_len=num_tokens + 1)
+        req = NewRequestData("profile", [0] * num_tokens, SamplingParams(temperature=0),
+                             list(range(1, num_blocks)), 0)
+        runner.execute_model(SchedulerOutput(
+            scheduled_new_reqs=[req], num_scheduled_tokens={"profile": num_tokens},
+            total_num_scheduled_tokens=num_tokens))
+
+    def _make_runner(self, num_blocks: int, max_model_len: int) -> ModelRunner:
+        runner = ModelRunner(self.model, self.attn_backend, self.device, self.block_size,
+                             self.max_num_seqs, max_model_len)
+        runner.initialize_cache(self.attn_backend.allocate_kv_cache(
+            self.kv_spec, num_blocks, self.model.num_layers, self.device))
+        return runner
+
+    def initialize_cache(self, num_blocks: int, max_model_len: int) -> None:
+        self.runner = self._make_runner(num_blocks, max_model_len)
+
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        return self.runner.execute_model(sched)

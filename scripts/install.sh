@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install lab and its dependencies into the current Python environment.
+#
+# On a machine without torch this first installs torch 2.13.0, which here resolves to a local CPU
+# wheel; a plain `torch` requirement would otherwise pull a multi-GB CUDA build. Where torch is
+# already installed (e.g. a CUDA build on a GPU machine) it is kept as it is.
+#   scripts/install.sh          # runtime dependencies
+#   scripts/install.sh test     # + pytest, hypothesis, ruff
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+extras=${1:-}
+
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+  echo "[install] no torch found: installing torch==2.13.0 (CPU wheel where available)"
+  "$PY" -m pip install --quiet "torch==2.13.0"
+fi
+spec="."
+[ -n "$extras" ] && spec=".[$extras]"
+"$PY" -m pip install --quiet -e "$spec"
+"$PY" -c "import torch, triton, transformers, hydra; print(f'[install] torch {torch.__version__}, triton {triton.__version__}, transformers {transformers.__version__}, hydra {hydra.__version__}')"

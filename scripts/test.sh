@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Install lab with its test extras, then run the test suite (what .ci/run calls).
+# Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow" -x
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install.sh test
+export LAB_CACHE_DIR=${LAB_CACHE_DIR:-$PWD/.cache/models}
+exec "${PYTHON:-python3}" -m pytest tests -m "not slow" -q "$@"

@@ -1,0 +1,52 @@
+"""Fixtures for model tests: a dense single-sequence attention stand-in and cached tiny models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lab.attention.base import AttentionBackend, AttentionSpec, KVCacheSpec
+from lab.models.tiny import ensure_tiny_model
+
+
+class DenseCausalBackend(AttentionBackend):
+    """Causal attention over one sequence (the whole step), no KV cache: a test stand-in."""
+
+    name = "dense_test"
+
+    def kv_cache_spec(self, spec: AttentionSpec, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
+        return KVCacheSpec((1,), dtype, 0, block_size)
+
+    def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+            is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+        )
+        return out.transpose(0, 1)
+
+
+def run_model(model, ids: list[int]) -> torch.Tensor:
+    """Logits [T, vocab] of one sequence through a lab model with the dense backend."""
+    input_ids = torch.tensor(ids, dtype=torch.long)
+    positions = torch.arange(len(ids))
+    with torch.no_grad():
+        hidden = model(input_ids, positions, [None] * model.num_layers, None)
+        return model.compute_logits(hidden)
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("lab-models")
+
+
+@pytest.fixture(scope="session")
+def tiny_path(model_cache):
+    """tiny_path(name) -> the directory of a tiny preset generated once per test session."""
+
+    def get(name: str) -> Path:
+        return ensure_tiny_model(name, model_cache)
+
+    return get

@@ -1,0 +1,74 @@
+"""Tiny checkpoint generator, tokenizer wrapper and model sources."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+from lab.models.loader import load_model
+from lab.models.source import HFModelSource, TinyModelSource
+from lab.models.tiny import BOS_ID, EOS_ID, PRESETS, ensure_tiny_model, generate_tiny_model
+from lab.models.tokenizer import load_tokenizer
+from tests.models.conftest import DenseCausalBackend, run_model
+
+
+def test_generation_is_deterministic(tmp_path):
+    a = generate_tiny_model("tiny_qwen3", tmp_path / "a")
+    b = generate_tiny_model("tiny_qwen3", tmp_path / "b")
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
+
+
+def test_ensure_reuses_and_rejects_unknown(tmp_path, tiny_path):
+    first = ensure_tiny_model("tiny_llama", tmp_path)
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert ensure_tiny_model("tiny_llama", tmp_path) == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp
+    assert first.name.startswith("tiny_llama-") and not list(tmp_path.glob(".tiny_llama-*"))
+    with pytest.raises(ValueError, match="bench_qwen3_06b"):
+        ensure_tiny_model("nope", tmp_path)
+    assert set(PRESETS) >= {"tiny_llama", "tiny_qwen3", "tiny_qwen2", "bench_llama", "bench_qwen3_06b"}
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen2"])
+def test_tokenizer_loads_and_round_trips(tiny_path, name):
+    path = tiny_path(name)
+    hf = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
+    text = "The river ran quietly past the old mill, 42 times!"
+    ids = tok.encode(text)
+    assert ids == hf.encode(text) and BOS_ID not in ids
+    assert tok.decode(ids) == text
+    assert tok.decode([*ids, EOS_ID]) == text
+    assert (tok.eos_token_id, tok.vocab_size) == (EOS_ID, 512)
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3", "tiny_qwen2"])
+def test_greedy_margins_are_decisive(tiny_path, name):
+    model, _ = load_model(tiny_path(name), DenseCausalBackend(), torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    gaps = []
+    for _ in range(2):
+        ids = torch.randint(3, 512, (12,), generator=gen).tolist()
+        for _ in range(64):  # greedy, recomputing the whole sequence each step
+            top = run_model(model, ids)[-1].topk(2)
+            gaps.append((top.values[0] - top.values[1]).item())
+            ids.append(int(top.indices[0]))
+    gaps = torch.tensor(gaps)
+    assert (gaps < 1e-3).float().mean() < 0.01, gaps.min()
+
+
+def test_sources(tmp_path, model_cache):
+    src = TinyModelSource("tiny_qwen2", cache_dir=str(model_cache))
+    assert (src.path() / "config.json").exists()
+    assert HFModelSource(str(src.path())).path() == src.path()
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        HFModelSource(str(tmp_path / "absent")).path()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        HFModelSource(str(tmp_path)).path()
+    with pytest.raises(ValueError, match="presets"):
+        TinyModelSource("tiny_gpt")
