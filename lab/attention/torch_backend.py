@@ -30,9 +30,8 @@ class TorchAttentionMetadata:
     inputs: AttentionInputs
     token_req: torch.Tensor  # [T] request index of each token
     token_row: torch.Tensor  # [T] index of each token within its request's new tokens
-    key_blocks: torch.Tensor  # [B, L] physical block of key position j
-    key_offsets: torch.Tensor  # [L] offset of key position j within its block
-    mask: torch.Tensor  # [B, 1, Q, L] True where query row i may attend key j
+    blocks: torch.Tensor  # [B * nblk] the block table, flattened (whole blocks are gathered)
+    mask: torch.Tensor  # [B, 1, Q, nblk * block_size] True where query row i may attend key j
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -56,41 +55,46 @@ class TorchAttentionBackend(AttentionBackend):
         token_req = torch.repeat_interleave(torch.arange(b, device=device), qlens)
         starts = inputs.query_start_loc[:-1].long()
         token_row = torch.arange(token_req.numel(), device=device) - starts[token_req]
-        block_size = inputs.block_size
-        keys = torch.arange(inputs.max_seq_len, device=device)
-        key_blocks = inputs.block_table[:, keys // block_size].long()
+        blocks = inputs.block_table.long()
+        keys = torch.arange(blocks.shape[1] * inputs.block_size, device=device)
         query_pos = inputs.num_computed_tokens[:, None].long() + torch.arange(
             inputs.max_query_len, device=device
         )
         mask = (keys[None, None, :] <= query_pos[:, :, None]) & (
             keys[None, None, :] < inputs.seq_lens[:, None, None]
         )
-        return TorchAttentionMetadata(
-            inputs, token_req, token_row, key_blocks, keys % block_size, mask[:, None]
-        )
+        return TorchAttentionMetadata(inputs, token_req, token_row, blocks.flatten(), mask[:, None])
 
     def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
         md: TorchAttentionMetadata = metadata
         n = md.inputs.num_actual_tokens
         write_kv_cache(kv_cache, k[:n], v[:n], md.inputs.slot_mapping[:n])
-        b, qmax = md.inputs.num_reqs, md.inputs.max_query_len
-        q_pad = q.new_zeros(b, qmax, q.shape[1], q.shape[2])
-        q_pad[md.token_req, md.token_row] = q[:n]
-        key = kv_cache[md.key_blocks, 0, md.key_offsets]  # [B, L, Hkv, D]
-        val = kv_cache[md.key_blocks, 1, md.key_offsets]
+        b = md.inputs.num_reqs
+        decode = md.inputs.max_query_len == 1  # one row per request: no padding needed
+        q_pad = q[:n].unsqueeze(1) if decode else _pad_queries(q[:n], md)
+        key, val = _gather_kv(kv_cache, md.blocks, b)  # [B, Hkv, L, D] each
         out = F.scaled_dot_product_attention(
-            q_pad.transpose(1, 2),
-            key.transpose(1, 2),
-            val.transpose(1, 2),
-            attn_mask=md.mask,
-            scale=scale,
+            q_pad.transpose(1, 2), key, val, attn_mask=md.mask, scale=scale,
             enable_gqa=q.shape[1] != k.shape[1],
-        )
-        result = torch.empty_like(q)
-        result[:n] = out.transpose(1, 2)[md.token_req, md.token_row]
-        if n < q.shape[0]:
-            result[n:] = 0
+        ).transpose(1, 2)  # [B, Q, H, D]
+        result = q.new_zeros(q.shape)
+        result[:n] = out[:, 0] if decode else out[md.token_req, md.token_row]
         return result
+
+
+def _pad_queries(q: torch.Tensor, md: TorchAttentionMetadata) -> torch.Tensor:
+    """Flat [T, H, D] queries -> [B, max_query_len, H, D], zero rows where a request is short."""
+    q_pad = q.new_zeros(md.inputs.num_reqs, md.inputs.max_query_len, q.shape[1], q.shape[2])
+    q_pad[md.token_req, md.token_row] = q
+    return q_pad
+
+
+def _gather_kv(kv_cache: torch.Tensor, blocks: torch.Tensor, b: int):
+    """Whole blocks of each request's table -> K and V as [B, Hkv, nblk * block_size, D]."""
+    _, _, bs, h, d = kv_cache.shape
+    kv = kv_cache.index_select(0, blocks).view(b, -1, 2, bs, h, d)
+    kv = kv.permute(2, 0, 4, 1, 3, 5).reshape(2, b, h, -1, d)
+    return kv[0], kv[1]
 
 
 def write_kv_cache(

@@ -80,9 +80,11 @@ def main(argv=None) -> None:
               "output_tokens": sum(map(len, token_ids)), "token_ids": token_ids}
     with open(args.out, "w") as f:
         json.dump(result, f)
+    import torch
+
     print(f"vllm {vllm.__version__}: {len(prompts)} prompts, {result['output_tokens']} output "
-          f"tokens in {elapsed:.2f}s = {result['output_tokens'] / elapsed:.1f} tok/s",
-          file=sys.stderr)
+          f"tokens in {elapsed:.2f}s = {result['output_tokens'] / elapsed:.1f} tok/s "
+          f"(torch threads {torch.get_num_threads()})", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,11 @@ parallel processes are safe) and reuses it afterwards.
 
 Weights are re-drawn from a seeded generator so that logits are decisive (greedy ties are rare):
 linears std 1/sqrt(fan_in), embedding std 1, untied lm_head std 4/sqrt(hidden), norm weights
-1 + 0.1·N(0,1), biases 0.1·N(0,1). Tied models get embedding std 0.3 and a final norm x4 instead,
-so that the input token's own embedding does not dominate the logits (no "repeat the last token").
-q/k projections (and q/k norms) get gain 3: peaked attention, so decoding depends on the context. The `<|eos|>` row of the LM head is zeroed so random models
-almost never stop by themselves (use stop tokens / max_tokens to end generations).
+1 + 0.1·N(0,1), biases 0.1·N(0,1). Tied models get embedding std 0.3 and a larger final norm
+(logits std ~8), so the input token's own embedding does not dominate ("repeat the last token").
+q/k projections (and q/k norms) get gain 3: peaked attention, so decoding depends on the context.
+The `<|eos|>` row of the LM head is zeroed so random models almost never stop by themselves
+(use stop tokens / max_tokens to end generations).
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ import torch
 
 from lab.models._corpus import CORPUS
 
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|endoftext|>"  # PAD: what Qwen2Tokenizer expects
 BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
 SEED = 1234
+TIED_EMBED_STD = 0.3
 QK_GAIN = 3.0  # sharper attention: generations depend on the context, not only the last token
 # GPT-4-style pre-tokenisation (as Qwen2/Llama-3 tokenizers split), so that AutoTokenizer's
 # Qwen2Tokenizer, which rebuilds the pipeline with this regex, encodes exactly like tokenizer.json.
@@ -142,8 +144,9 @@ def redraw_weights(model: torch.nn.Module, config) -> None:
 
 def _scale(name: str, shape: torch.Size, config, noise: torch.Tensor) -> torch.Tensor:
     tied = config.tie_word_embeddings
-    if name == "model.norm.weight":
-        return (4.0 if tied else 1.0) * (1.0 + 0.1 * noise)
+    if name == "model.norm.weight":  # tied: logits std ~ gain * TIED_EMBED_STD * sqrt(hidden) = 8
+        gain = 8.0 / (TIED_EMBED_STD * config.hidden_size**0.5) if tied else 1.0
+        return gain * (1.0 + 0.1 * noise)
     if name.endswith(("q_norm.weight", "k_norm.weight")):
         return QK_GAIN * (1.0 + 0.1 * noise)
     if name.endswith("norm.weight"):
@@ -151,7 +154,7 @@ def _scale(name: str, shape: torch.Size, config, noise: torch.Tensor) -> torch.T
     if name.endswith("bias"):
         return 0.1 * noise
     if "embed_tokens" in name:
-        return (0.3 if tied else 1.0) * noise
+        return (TIED_EMBED_STD if tied else 1.0) * noise
     if "lm_head" in name:
         return noise * 4.0 / config.hidden_size**0.5
     gain = QK_GAIN if name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0

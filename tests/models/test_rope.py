@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoConfig, LlamaForCausalLM as HFLlama
+from transformers import AutoConfig
+from transformers import LlamaForCausalLM as HFLlama
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from lab.layers.rotary import RotaryEmbedding
