@@ -141,8 +141,9 @@ def test_length_dist_accepts_dictconfig():
 
 @pytest.mark.parametrize("name", ["synthetic", "shared_prefix", "poisson"])
 def test_yaml_presets_instantiate(name):
-    workload = instantiate(OmegaConf.load(REPO / "conf" / "workload" / f"{name}.yaml"))
+    cfg = OmegaConf.load(REPO / "conf" / "workload" / f"{name}.yaml")
+    workload = instantiate(cfg)
     assert isinstance(workload, Workload)
     reqs = workload.requests(vocab_size=32000, eos_token_id=2)
-    assert len(reqs) == 64
+    assert len(reqs) == cfg.num_requests
     assert [r.arrival_time for r in reqs] == sorted(r.arrival_time for r in reqs)
