@@ -23,10 +23,15 @@ import os
 import sys
 import time
 
-# Must be set before vllm is imported: the engine core runs in this process (no busy-polling
-# engine process competing for the two cores), and a bounded CPU KV cache (GiB).
+# Must be set before vllm (and so torch / libgomp) is imported:
+# - the engine core runs in this process (no separate engine-core process);
+# - a bounded CPU KV cache (GiB; vLLM's CPU default is a fraction of all RAM);
+# - passive OpenMP waiting: without it, on a 2-core machine the idle OpenMP worker spins
+#   against vLLM's Python scheduling thread and the same run takes 3 s or 25 s at random
+#   (bench_llama, 16x128->128; see experiments/peer_setup.md).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -138,15 +138,26 @@ class LLMEngine:
 
 def resolve_max_model_len(knob: int | None, hf_config, num_blocks: int, block_size: int) -> int:
     """The model's context limit, capped by what the KV cache can hold for one request."""
-    model_max = getattr(hf_config, "max_position_embeddings", None) or 2048
+    model_max = model_context_limit(hf_config)
     capacity = (num_blocks - 1) * block_size
     if knob is None:
         return min(model_max, capacity)
     if knob > model_max:
-        raise ValueError(f"max_model_len={knob} exceeds the model's max_position_embeddings="
-                         f"{model_max}")
+        raise ValueError(f"max_model_len={knob} exceeds the model's context limit {model_max} "
+                         "(max_position_embeddings, or the sliding window, which lab does not "
+                         "apply, so generations stay exact only within it)")
     if knob > capacity:
         raise ValueError(f"max_model_len={knob} does not fit in the KV cache ({num_blocks} blocks "
                          f"of {block_size} tokens hold {capacity}); the largest that fits is "
                          f"{capacity}: lower max_model_len or add KV blocks")
     return knob
+
+
+def model_context_limit(hf_config) -> int:
+    """max_position_embeddings, capped by an active sliding window (lab attends to the full
+    context, which equals sliding-window attention only while sequences fit in the window)."""
+    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    window = getattr(hf_config, "sliding_window", None)
+    if window and getattr(hf_config, "use_sliding_window", True):
+        limit = min(limit, window)
+    return limit

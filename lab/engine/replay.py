@@ -32,7 +32,9 @@ def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
     wall = time.perf_counter() - start
     if rejected:
         log.warning("%d request(s) were rejected", rejected)
-    return summarize(engine.step_stats, engine.request_stats, wall)
+    summary = summarize(engine.step_stats, engine.request_stats, wall)
+    summary.num_rejected = rejected
+    return summary
 
 
 def _submit(engine: LLMEngine, wr: WorkloadRequest, start: float) -> int:

@@ -127,7 +127,8 @@ def summary_table(s: RunSummary) -> Table:
     table.add_column("value", justify="right")
     finished = ", ".join(f"{k}={v}" for k, v in sorted(s.num_finished.items())) or "-"
     rows = [
-        ("requests", f"{s.num_requests} ({finished})"),
+        ("requests", f"{s.num_requests} ({finished})"
+         + (f", {s.num_rejected} rejected" if s.num_rejected else "")),
         ("wall time", f"{s.wall_time:.2f} s"),
         ("output tok/s", _num(s.output_throughput)),
         ("total tok/s", _num(s.total_throughput)),

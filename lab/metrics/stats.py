@@ -134,7 +134,8 @@ _LATENCIES = ("ttft", "tpot", "itl", "e2e")
 class RunSummary:
     """Aggregates of a run. Latencies in seconds; percentiles interpolate linearly (numpy)."""
 
-    num_requests: int = 0
+    num_requests: int = 0  # finished requests (aborted ones included)
+    num_rejected: int = 0  # requests the engine refused at admission (e.g. too long)
     num_finished: dict[str, int] = field(default_factory=dict)  # by finish reason
     total_prompt_tokens: int = 0
     total_output_tokens: int = 0

@@ -10,7 +10,8 @@ import torch
 
 from lab.attention.base import AttentionBackend, KVCacheSpec
 from lab.models.loader import load_model, resolve_dtype
-from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from lab.sampling.params import SamplingParams
+from lab.scheduler.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lab.worker.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -106,9 +107,6 @@ class Worker:
         return int(total * utilization - peak - max(used_outside_torch, 0))
 
     def _dummy_forward(self, num_tokens: int) -> None:
-        from lab.scheduler.output import NewRequestData
-        from lab.sampling.params import SamplingParams
-
         num_blocks = -(-num_tokens // self.block_size) + 1
         runner = self._make_runner(num_blocks, max_model_len=num_tokens + 1)
         req = NewRequestData("profile", [0] * num_tokens, SamplingParams(temperature=0),

@@ -1,0 +1,30 @@
+"""`python run.py` end to end: progress, summary table, run directory with its statistics."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_run_py_writes_statistics(tmp_path):
+    cmd = [sys.executable, "run.py", "workload.num_requests=12", "num_gpu_blocks=56",
+           "block_size=4", "max_num_batched_tokens=64", f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert f"run directory: {tmp_path}" in out
+    assert "output tok/s" in out and "prefix-cache hit rate" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["num_requests"] == 12 and summary["num_rejected"] == 0
+    requests = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert len(requests) == 12 and len(steps) == summary["num_steps"]
+    assert sum(r["num_output_tokens"] for r in requests) == summary["total_output_tokens"]
+    assert sum(s["num_preempted"] for s in steps) == summary["num_preemptions"] > 0
+    assert all(s["kv_blocks_used"] <= s["kv_blocks_total"] == 55 for s in steps)
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert config["num_gpu_blocks"] == 56 and config["cache"]["block_size"] == 4
