@@ -1,7 +1,7 @@
 """`attention=torch`: the paged reference backend in plain PyTorch (CPU and CUDA).
 
-Cache layout per layer: (num_blocks, 2, block_size, num_kv_heads, head_dim); [:, 0] holds K and
-[:, 1] holds V. Token t of the step is written at block slot_mapping[t] // block_size, offset
+Cache layout per layer: (2, num_blocks, block_size, num_kv_heads, head_dim); [0] holds K and [1]
+holds V, so gathering a request's blocks from either is one contiguous copy per block. Token t of the step is written at block slot_mapping[t] // block_size, offset
 slot_mapping[t] % block_size; slot -1 (padding) is skipped.
 
 Attention runs over a padded [B, max_query_len] view of the ragged batch. For request b with
@@ -42,11 +42,15 @@ class TorchAttentionBackend(AttentionBackend):
     def kv_cache_spec(self, spec: AttentionSpec, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
         elem = torch.empty((), dtype=dtype).element_size()
         return KVCacheSpec(
-            block_shape=(2, block_size, spec.num_kv_heads, spec.head_dim),
+            block_shape=(block_size, spec.num_kv_heads, spec.head_dim),
             dtype=dtype,
             bytes_per_token=2 * spec.num_kv_heads * spec.head_dim * elem,
             block_size=block_size,
         )
+
+    def allocate_kv_cache(self, kv_spec, num_blocks, num_layers, device):
+        shape = (2, num_blocks, *kv_spec.block_shape)
+        return [torch.zeros(shape, dtype=kv_spec.dtype, device=device) for _ in range(num_layers)]
 
     def build_metadata(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
         device = inputs.query_start_loc.device
@@ -90,21 +94,20 @@ def _pad_queries(q: torch.Tensor, md: TorchAttentionMetadata) -> torch.Tensor:
 
 
 def _gather_kv(kv_cache: torch.Tensor, blocks: torch.Tensor, b: int):
-    """Whole blocks of each request's table -> K and V as [B, Hkv, nblk * block_size, D]."""
+    """Whole blocks of each request's table -> K and V as [B, Hkv, nblk * block_size, D] views."""
     _, _, bs, h, d = kv_cache.shape
-    kv = kv_cache.index_select(0, blocks).view(b, -1, 2, bs, h, d)
-    kv = kv.permute(2, 0, 4, 1, 3, 5).reshape(2, b, h, -1, d)
-    return kv[0], kv[1]
+    key = kv_cache[0].index_select(0, blocks).view(b, -1, h, d).transpose(1, 2)
+    val = kv_cache[1].index_select(0, blocks).view(b, -1, h, d).transpose(1, 2)
+    return key, val
 
 
 def write_kv_cache(
     kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """Reference KV write: token t goes to slot_mapping[t]; slots < 0 are skipped."""
-    block_size = kv_cache.shape[2]
+    _, num_blocks, block_size, h, d = kv_cache.shape
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
-    blocks, offsets = slots // block_size, slots % block_size
-    kv_cache[blocks, 0, offsets] = k[valid].to(kv_cache.dtype)
-    kv_cache[blocks, 1, offsets] = v[valid].to(kv_cache.dtype)
+    kv_cache[0].view(num_blocks * block_size, h, d)[slots] = k[valid].to(kv_cache.dtype)
+    kv_cache[1].view(num_blocks * block_size, h, d)[slots] = v[valid].to(kv_cache.dtype)
 

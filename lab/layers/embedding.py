@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lab.layers.linear import default_weight_loader
+from lab.layers.linear import UnquantizedLinearMethod, default_weight_loader
 
 
 class Embedding(nn.Module):
@@ -19,6 +19,8 @@ class Embedding(nn.Module):
         weight = torch.empty(num_embeddings, embedding_dim, dtype=params_dtype)
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.weight.weight_loader = default_weight_loader
+        self.bias = None
+        self.quant_method = UnquantizedLinearMethod()  # the weight is owned here, not created
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.weight)
@@ -36,6 +38,8 @@ class LMHead(nn.Module):
         weight = torch.empty(vocab_size, hidden_size, dtype=params_dtype)
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.weight.weight_loader = default_weight_loader
+        self.bias = None
+        self.quant_method = UnquantizedLinearMethod()  # the weight is owned here, not created
 
     def tie(self, embedding: Embedding) -> None:
         """Use the embedding's weight as this head's weight (one Parameter, two owners)."""
@@ -43,4 +47,4 @@ class LMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in float32."""
-        return F.linear(hidden, self.weight).float()
+        return self.quant_method.apply(self, hidden).float()

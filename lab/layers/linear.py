@@ -28,6 +28,34 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
         param.copy_(loaded)
 
 
+def onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """A oneDNN-prepacked copy of a CPU fp32/bf16 weight [out, in], or None where unavailable.
+
+    At decode batch sizes a prepacked GEMM is ~3x faster than F.linear's MKL sgemm on CPU (the
+    same trick vLLM's CPU backend and inductor's freezing use). The dense weight is kept: later
+    passes (e.g. MLA absorption) read it.
+    """
+    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_BATCH_HINT)
+    except (RuntimeError, AttributeError):
+        return None
+
+
+_PACK_BATCH_HINT = 16
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 packed: torch.Tensor | None) -> torch.Tensor:
+    """y = x W^T + b, through the prepacked weight when there is one."""
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
 class UnquantizedLinearMethod:
     """The default linear method: a dense weight [out, in] (and optional bias), y = x W^T + b."""
 
@@ -45,10 +73,11 @@ class UnquantizedLinearMethod:
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The layer's forward."""
-        return F.linear(x, layer.weight, layer.bias)
+        return dense_linear(x, layer.weight, layer.bias, getattr(layer, "packed_weight", None))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Nothing to do for dense weights."""
+        """On CPU, prepack the weight for oneDNN (see `onednn_pack`)."""
+        layer.packed_weight = onednn_pack(layer.weight)
 
 
 class Linear(nn.Module):

@@ -30,7 +30,7 @@ def test_paged_equals_dense(reqs, block_size, group):
     backend = TorchAttentionBackend()
     seq_lens = [c + q for c, q in reqs]
     nblk = [-(-s // block_size) for s in seq_lens]
-    cache = torch.zeros(sum(nblk) + 2, 2, block_size, hkv, d)
+    cache = torch.zeros(2, sum(nblk) + 2, block_size, hkv, d)
     perm = (torch.randperm(sum(nblk)) + 1).tolist()  # scattered physical blocks, 0 is null
     tables, full_k, full_v = [], [], []
     for i, (c, q) in enumerate(reqs):
@@ -59,12 +59,12 @@ def test_paged_equals_dense(reqs, block_size, group):
     q = torch.randn(t + 1, spec.num_heads, d)  # one padding token at the end
     k = torch.cat([fk[c:] for fk, (c, _) in zip(full_k, reqs)] + [torch.full((1, hkv, d), 7.0)])
     v = torch.cat([fv[c:] for fv, (c, _) in zip(full_v, reqs)] + [torch.full((1, hkv, d), 7.0)])
-    before_null = cache[0].clone()
+    before_null = cache[:, 0].clone()
     out = backend.forward(0, q, k, v, cache, backend.build_metadata(inputs), d ** -0.5)
     start = 0
     for i, (c, n) in enumerate(reqs):
         want = _dense(q[start:start + n], full_k[i], full_v[i], c, d ** -0.5)
         torch.testing.assert_close(out[start:start + n], want, atol=1e-5, rtol=1e-5)
         start += n
-    assert torch.equal(cache[0], before_null)  # padding (slot -1) wrote nothing
+    assert torch.equal(cache[:, 0], before_null)  # padding (slot -1) wrote nothing
     assert not (cache == 7.0).any()
