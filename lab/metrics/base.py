@@ -29,8 +29,11 @@ class StatLogger(ABC):
     ) -> None:
         """Called once before the first step with the run directory and the resolved config.
 
-        `total_requests`, when known, sizes progress displays (same as `set_total`).
+        `total_requests`, when known, sizes progress displays (same as `set_total`). Subclasses
+        extend it with `super().on_start(...)`; it records `run_dir` and `config`.
         """
+        self.run_dir: Path | None = Path(run_dir)
+        self.config = config
         if total_requests is not None:
             self.set_total(total_requests)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -44,13 +43,7 @@ class ConsoleLogger(StatLogger):
         self._preemptions = 0
 
     # -- StatLogger ----------------------------------------------------------------------------
-    def on_start(
-        self,
-        run_dir: Path,
-        config: dict[str, Any] | None = None,
-        total_requests: int | None = None,
-    ) -> None:
-        self.run_dir = Path(run_dir)
+    def on_start(self, run_dir: Path, config=None, total_requests=None) -> None:
         super().on_start(run_dir, config, total_requests)
         self._ensure_bar()
 

@@ -29,13 +29,8 @@ class JsonlLogger(StatLogger):
         self._files: dict[str, IO[str]] = {}
         self._pending: dict[str, int] = {}
 
-    def on_start(
-        self,
-        run_dir: Path,
-        config: dict[str, Any] | None = None,
-        total_requests: int | None = None,
-    ) -> None:
-        self.run_dir = Path(run_dir)
+    def on_start(self, run_dir: Path, config=None, total_requests=None) -> None:
+        super().on_start(run_dir, config, total_requests)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for name in (STEPS_FILE, REQUESTS_FILE):
             self._files[name] = open(self.run_dir / name, "w", encoding="utf-8")

@@ -20,15 +20,6 @@ class InMemoryLogger(StatLogger):
         self.requests: list[RequestStats] = []
         self.summary: RunSummary | None = None
 
-    def on_start(
-        self,
-        run_dir: Path,
-        config: dict[str, Any] | None = None,
-        total_requests: int | None = None,
-    ) -> None:
-        self.run_dir, self.config = Path(run_dir), config
-        super().on_start(run_dir, config, total_requests)
-
     def set_total(self, n: int) -> None:
         self.total_requests = n
 

@@ -5,6 +5,7 @@ import pytest
 from lab.cache import KVCacheManager, make_block_hasher
 from lab.engine.request import Request
 from lab.sampling.params import SamplingParams
+from tests.cache.snapshots import snapshot
 
 BS = 4
 
@@ -21,17 +22,6 @@ def _admit(m: KVCacheManager, req: Request) -> list[int] | None:
         return None
     req.num_computed_tokens = req.num_tokens
     return m.get_block_ids(req.request_id)
-
-
-def _snapshot(m: KVCacheManager) -> tuple:
-    pool = m.block_pool
-    return (
-        [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
-        [(b.ref_cnt, b.block_hash) for b in pool.blocks],
-        sorted((k, b.block_id) for k, b in pool.cached_block_hash_to_block.items()),
-        {r: [b.block_id for b in bl] for r, bl in m.req_to_blocks.items()},
-        dict(m.num_cached_block),
-    )
 
 
 def test_hits_never_cover_last_token() -> None:
@@ -92,9 +82,9 @@ def test_failed_allocation_changes_nothing() -> None:
     b = _req("b", list(range(12)) + list(range(40, 52)))  # hits 3, needs 3 new: 6 > 5 free
     hits, n_hit = m.get_computed_blocks(b)
     assert len(hits) == 3
-    before = _snapshot(m)
+    before = snapshot(m)
     assert m.allocate_slots(b, b.num_tokens - n_hit, n_hit, hits) is None
-    assert _snapshot(m) == before
+    assert snapshot(m) == before
     assert m.allocate_slots(b, 4, n_hit, hits) is not None  # a smaller chunk fits
 
 

@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from lab.cache import KVCacheManager, make_block_hasher
 from lab.engine.request import Request
 from lab.sampling.params import SamplingParams
+from tests.cache.snapshots import snapshot
 
 BS, NUM_BLOCKS, MAX_LEN = 2, 8, 16
 
@@ -86,19 +87,6 @@ class Model:
         self.hash = [None] * NUM_BLOCKS
         self.cached = {}
         return True
-
-
-def snapshot(m: KVCacheManager) -> tuple:
-    """Everything allocate_slots may change."""
-    pool = m.block_pool
-    return (
-        [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
-        [(b.ref_cnt, b.block_hash) for b in pool.blocks],
-        sorted((k, b.block_id) for k, b in pool.cached_block_hash_to_block.items()),
-        {r: [b.block_id for b in bl] for r, bl in m.req_to_blocks.items()},
-        dict(m.num_cached_block),
-        pool.total_evicted,
-    )
 
 
 pick = st.integers(0, 1000)
