@@ -71,6 +71,7 @@ class AttentionInputs:
     block_size: int
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
+    max_model_len: int = 0  # the engine's limit: lets backends size launches without host lengths
 
     @property
     def is_pure_decode(self) -> bool:
@@ -119,3 +120,26 @@ class AttentionBackend(ABC):
         scale: float,
     ) -> torch.Tensor:
         """Write k/v of the step's tokens into the cache, attend, return [T, num_heads, head_dim]."""
+
+
+class PagedKVBackend(AttentionBackend):
+    """A backend over the split K/V paged layout shared by `torch` and `triton_flash`.
+
+    Per layer: (2, num_blocks, block_size, num_kv_heads, head_dim); [0] holds K, [1] holds V, so
+    a request's blocks of either are gathered with one contiguous copy per block.
+    """
+
+    def kv_cache_spec(self, spec: AttentionSpec, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return KVCacheSpec(
+            block_shape=(block_size, spec.num_kv_heads, spec.head_dim),
+            dtype=dtype,
+            bytes_per_token=2 * spec.num_kv_heads * spec.head_dim * elem,
+            block_size=block_size,
+        )
+
+    def allocate_kv_cache(
+        self, kv_spec: KVCacheSpec, num_blocks: int, num_layers: int, device: torch.device
+    ) -> list[torch.Tensor]:
+        shape = (2, num_blocks, *kv_spec.block_shape)
+        return [torch.zeros(shape, dtype=kv_spec.dtype, device=device) for _ in range(num_layers)]

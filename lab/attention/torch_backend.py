@@ -1,7 +1,7 @@
 """`attention=torch`: the paged reference backend in plain PyTorch (CPU and CUDA).
 
-Cache layout per layer: (2, num_blocks, block_size, num_kv_heads, head_dim); [0] holds K and [1]
-holds V, so gathering a request's blocks from either is one contiguous copy per block. Token t of the step is written at block slot_mapping[t] // block_size, offset
+Cache layout per layer (PagedKVBackend): (2, num_blocks, block_size, num_kv_heads, head_dim).
+Token t of the step is written at block slot_mapping[t] // block_size, offset
 slot_mapping[t] % block_size; slot -1 (padding) is skipped.
 
 Attention runs over a padded [B, max_query_len] view of the ragged batch. For request b with
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lab.attention.base import AttentionBackend, AttentionInputs, AttentionSpec, KVCacheSpec
+from lab.attention.base import AttentionInputs, PagedKVBackend
 
 
 @dataclass
@@ -34,23 +34,10 @@ class TorchAttentionMetadata:
     mask: torch.Tensor  # [B, 1, Q, nblk * block_size] True where query row i may attend key j
 
 
-class TorchAttentionBackend(AttentionBackend):
+class TorchAttentionBackend(PagedKVBackend):
     """Paged attention in plain PyTorch: the reference every other backend is checked against."""
 
     name = "torch"
-
-    def kv_cache_spec(self, spec: AttentionSpec, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
-        elem = torch.empty((), dtype=dtype).element_size()
-        return KVCacheSpec(
-            block_shape=(block_size, spec.num_kv_heads, spec.head_dim),
-            dtype=dtype,
-            bytes_per_token=2 * spec.num_kv_heads * spec.head_dim * elem,
-            block_size=block_size,
-        )
-
-    def allocate_kv_cache(self, kv_spec, num_blocks, num_layers, device):
-        shape = (2, num_blocks, *kv_spec.block_shape)
-        return [torch.zeros(shape, dtype=kv_spec.dtype, device=device) for _ in range(num_layers)]
 
     def build_metadata(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
         device = inputs.query_start_loc.device

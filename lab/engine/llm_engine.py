@@ -32,8 +32,8 @@ class LLMEngine:
         self.model_path = instantiate(cfg.model).path()
         attn_backend = instantiate(cfg.attention)
         worker_factory = functools.partial(
-            Worker, self.model_path, attn_backend, cfg.device, cfg.dtype, cfg.block_size,
-            cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.seed)
+            Worker, self.model_path, attn_backend, instantiate(cfg.kernels), cfg.device,
+            cfg.dtype, cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.seed)
         self.executor = instantiate(cfg.executor)(worker_factory=worker_factory)
         worker = self.executor.worker
         self.hf_config = worker.hf_config

@@ -1,9 +1,15 @@
-"""RMSNorm, computed in float32 like Hugging Face and cast back, with an optional fused residual add."""
+"""RMSNorm, computed in float32 like Hugging Face and cast back, with an optional fused residual add.
+
+The math lives in the model's `LayerOps` (lab/layers/ops.py: PyTorch or Triton); this layer holds
+the weight, eps and a reference to the ops.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from lab.layers.ops import LayerOps, TorchOps
 
 
 class RMSNorm(nn.Module):
@@ -13,24 +19,19 @@ class RMSNorm(nn.Module):
     carry the residual stream without a separate add (vLLM's fused_add_rms_norm contract).
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, params_dtype: torch.dtype | None = None):
+    def __init__(
+        self, hidden_size: int, eps: float = 1e-6, params_dtype: torch.dtype | None = None,
+        ops: LayerOps | None = None,
+    ):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=params_dtype), requires_grad=False)
-
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)  # HF order: cast back first, then scale
+        self.ops = ops or TorchOps()
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return self._norm(x)
-        x = x + residual
-        return self._norm(x), x
+        return self.ops.rms_norm(x, self.weight, self.eps, residual)
 
     def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+        return f"{tuple(self.weight.shape)}, eps={self.eps}, ops={self.ops.name}"

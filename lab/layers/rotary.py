@@ -12,12 +12,18 @@ Layout of one head vector (rotary_dim <= head_dim; the tail is passed through un
 
     | x1 (rotary_dim/2) | x2 (rotary_dim/2) | pass-through |
     out = | x1*cos - x2*sin | x2*cos + x1*sin | pass-through |
+
+(`is_neox=False`: interleaved pairs (x[2i], x[2i+1]) instead.) The cached tables hold one angle
+per pair, cos/sin [max_position, rotary_dim/2] in fp32, scaling folded in; the rotation itself is
+the model's `LayerOps.rotary` (lab/layers/ops.py: PyTorch or Triton).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from lab.layers.ops import LayerOps, TorchOps
 
 
 def default_inv_freq(base: float, dim: int) -> torch.Tensor:
@@ -43,46 +49,42 @@ def rope_parameters(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
     return inv_freq.float(), float(scaling)
 
 
-def rotate_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D]; cos/sin [T, rotary_dim] (already duplicated halves). Returns rotated x."""
-    rot = cos.shape[-1]
-    x_rot, x_pass = x[..., :rot], x[..., rot:]
-    x1, x2 = x_rot.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    out = x_rot * cos[:, None, :] + rotated * sin[:, None, :]
-    return torch.cat((out, x_pass), dim=-1) if x_pass.numel() else out
-
-
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to q and k at the given positions, from a cos/sin cache of max_position rows."""
 
-    def __init__(self, inv_freq: torch.Tensor, max_position: int, attention_scaling: float = 1.0):
+    def __init__(
+        self, inv_freq: torch.Tensor, max_position: int, attention_scaling: float = 1.0,
+        is_neox: bool = True, ops: LayerOps | None = None,
+    ):
         super().__init__()
         self.rotary_dim = 2 * inv_freq.numel()
         self.max_position = max_position
         self.attention_scaling = attention_scaling
+        self.is_neox = is_neox
+        self.ops = ops or TorchOps()
         positions = torch.arange(max_position, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq.to(positions.device, torch.float32)[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, rotary_dim]
-        self.register_buffer("cos_cache", emb.cos() * attention_scaling, persistent=False)
-        self.register_buffer("sin_cache", emb.sin() * attention_scaling, persistent=False)
+        # [max_position, rotary_dim/2]: one angle per rotated pair
+        self.register_buffer("cos_cache", freqs.cos() * attention_scaling, persistent=False)
+        self.register_buffer("sin_cache", freqs.sin() * attention_scaling, persistent=False)
 
     @classmethod
-    def from_hf_config(cls, hf_config, head_dim: int) -> RotaryEmbedding:
+    def from_hf_config(cls, hf_config, head_dim: int, ops: LayerOps | None = None) -> RotaryEmbedding:
         """Build from an HF config (rope_parameters / rope_scaling, max_position_embeddings)."""
         inv_freq, scaling = rope_parameters(hf_config, head_dim)
-        return cls(inv_freq, hf_config.max_position_embeddings, scaling)
+        return cls(inv_freq, hf_config.max_position_embeddings, scaling, ops=ops)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, rotary_dim] for positions [T], cast to `dtype` as HF does."""
-        return self.cos_cache[positions].to(dtype), self.sin_cache[positions].to(dtype)
+        """cos, sin [T, rotary_dim] for positions [T] (halves duplicated), cast to `dtype` as HF does."""
+        cos, sin = self.cos_cache[positions].to(dtype), self.sin_cache[positions].to(dtype)
+        return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [T, H, D], k [T, Hkv, D] -> rotated (q, k), same shapes and dtype."""
-        cos, sin = self.cos_sin(positions, q.dtype)
-        return rotate_neox(q, cos, sin), rotate_neox(k, cos, sin)
+        """q [T, H, D], k [T, Hkv, D] -> rotated (q, k), same shapes and dtype (new tensors)."""
+        return self.ops.rotary(positions, q, k, self.cos_cache, self.sin_cache, self.is_neox)
 
     def extra_repr(self) -> str:
-        return f"rotary_dim={self.rotary_dim}, max_position={self.max_position}, scaling={self.attention_scaling}"
+        return (f"rotary_dim={self.rotary_dim}, max_position={self.max_position}, "
+                f"scaling={self.attention_scaling}, neox={self.is_neox}, ops={self.ops.name}")

@@ -2,6 +2,8 @@
 
 One flat token batch per step (requests back to back, see lab/attention/base.py); attention is
 delegated to the engine's AttentionBackend with explicit per-step metadata (no globals).
+RMSNorm, RoPE and SiLU·mul run through the `LayerOps` given to the model (PyTorch or Triton);
+one RotaryEmbedding (cos/sin tables) is shared by every attention layer.
 Weights are stored fused: qkv_proj = | q | k | v |, gate_up_proj = | gate | up |.
 
 Residual stream through a decoder layer (RMSNorm fuses the residual add):
@@ -25,7 +27,8 @@ from lab.layers.activation import SiluAndMul
 from lab.layers.embedding import Embedding, LMHead
 from lab.layers.linear import Linear, MergedLinear, QKVLinear, default_weight_loader
 from lab.layers.norm import RMSNorm
-from lab.layers.rotary import RotaryEmbedding, rotate_neox
+from lab.layers.ops import LayerOps, TorchOps
+from lab.layers.rotary import RotaryEmbedding
 from lab.models.weight_utils import StackedMapping, WeightCheck
 
 STACKED = StackedMapping(
@@ -58,9 +61,13 @@ def head_dim_of(cfg) -> int:
 class LlamaAttention(nn.Module):
     """Fused qkv projection, optional per-head q/k norm, RoPE, backend attention, o_proj."""
 
-    def __init__(self, cfg, arch: LlamaArch, layer_idx: int, backend: AttentionBackend):
+    def __init__(
+        self, cfg, arch: LlamaArch, layer_idx: int, backend: AttentionBackend,
+        rotary_emb: RotaryEmbedding, ops: LayerOps,
+    ):
         super().__init__()
         self.layer_idx = layer_idx
+        self.rotary_emb = rotary_emb  # shared with the model and the other layers
         self.backend = backend
         self.head_dim = head_dim_of(cfg)
         self.scale = self.head_dim**-0.5  # RoPE attention scaling is already inside cos/sin
@@ -68,16 +75,15 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = QKVLinear(cfg.hidden_size, self.head_dim, heads, kv_heads, arch.qkv_bias)
         self.o_proj = Linear(heads * self.head_dim, cfg.hidden_size, arch.o_bias)
         if arch.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops=ops)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops=ops)
         self.qk_norm = arch.qk_norm
 
-    def forward(self, h: torch.Tensor, cos_sin: tuple, kv_cache, metadata) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, kv_cache, metadata) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(h))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = cos_sin
-        q, k = rotate_neox(q, cos, sin), rotate_neox(k, cos, sin)
+        q, k = self.rotary_emb(positions, q, k)
         out = self.backend.forward(self.layer_idx, q, k, v, kv_cache, metadata, self.scale)
         return self.o_proj(out.reshape(out.shape[0], -1))
 
@@ -85,13 +91,13 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """down_proj(silu(gate) * up), gate and up fused into one projection."""
 
-    def __init__(self, cfg, arch: LlamaArch):
+    def __init__(self, cfg, arch: LlamaArch, ops: LayerOps):
         super().__init__()
         if cfg.hidden_act != "silu":
             raise ValueError(f"hidden_act={cfg.hidden_act!r} is not supported (only silu)")
         ffn = cfg.intermediate_size
         self.gate_up_proj = MergedLinear(cfg.hidden_size, [ffn, ffn], arch.mlp_bias)
-        self.act = SiluAndMul()
+        self.act = SiluAndMul(ops)
         self.down_proj = Linear(ffn, cfg.hidden_size, arch.mlp_bias)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -101,19 +107,22 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention + MLP block carrying the residual stream separately."""
 
-    def __init__(self, cfg, arch: LlamaArch, layer_idx: int, backend: AttentionBackend):
+    def __init__(
+        self, cfg, arch: LlamaArch, layer_idx: int, backend: AttentionBackend,
+        rotary_emb: RotaryEmbedding, ops: LayerOps,
+    ):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, arch, layer_idx, backend)
-        self.mlp = LlamaMLP(cfg, arch)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, arch, layer_idx, backend, rotary_emb, ops)
+        self.mlp = LlamaMLP(cfg, arch, ops)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
 
-    def forward(self, h, residual, cos_sin, kv_cache, metadata):
+    def forward(self, h, residual, positions, kv_cache, metadata):
         if residual is None:
             h, residual = self.input_layernorm(h), h
         else:
             h, residual = self.input_layernorm(h, residual)
-        h = self.self_attn(h, cos_sin, kv_cache, metadata)
+        h = self.self_attn(h, positions, kv_cache, metadata)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
@@ -121,21 +130,21 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder layers, final norm (HF's `model.` prefix)."""
 
-    def __init__(self, cfg, arch: LlamaArch, backend: AttentionBackend):
+    def __init__(self, cfg, arch: LlamaArch, backend: AttentionBackend, ops: LayerOps):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.rotary_emb = RotaryEmbedding.from_hf_config(cfg, head_dim_of(cfg), ops=ops)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, arch, i, backend) for i in range(cfg.num_hidden_layers)
+            LlamaDecoderLayer(cfg, arch, i, backend, self.rotary_emb, ops)
+            for i in range(cfg.num_hidden_layers)
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding.from_hf_config(cfg, head_dim_of(cfg))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
 
     def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
-        cos_sin = self.rotary_emb.cos_sin(positions, h.dtype)
         residual = None
         for i, layer in enumerate(self.layers):
-            h, residual = layer(h, residual, cos_sin, kv_caches[i], attn_metadata)
+            h, residual = layer(h, residual, positions, kv_caches[i], attn_metadata)
         h, _ = self.norm(h, residual)
         return h
 
@@ -149,17 +158,20 @@ class LlamaForCausalLM(nn.Module):
         bias = bool(getattr(cfg, "attention_bias", False))
         return LlamaArch(bias, bias, bool(getattr(cfg, "mlp_bias", False)))
 
-    def __init__(self, hf_config, attn_backend: AttentionBackend):
+    def __init__(
+        self, hf_config, attn_backend: AttentionBackend, ops: LayerOps | None = None
+    ):
         super().__init__()
         cfg = hf_config
         self.config = cfg
+        self.ops = ops or TorchOps()
         self.attention_spec = AttentionSpec(
             cfg.num_attention_heads, cfg.num_key_value_heads, head_dim_of(cfg), kind="gqa"
         )
         attn_backend.check_supported(self.attention_spec)
         self.num_layers = cfg.num_hidden_layers
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.model = LlamaModel(cfg, self.arch(cfg), attn_backend)
+        self.model = LlamaModel(cfg, self.arch(cfg), attn_backend, self.ops)
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size)
         if self.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)

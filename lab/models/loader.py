@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from lab.attention.base import AttentionBackend
+from lab.layers.ops import LayerOps, TorchOps
 from lab.models.llama import (
     LlamaForCausalLM,
     MistralForCausalLM,
@@ -79,16 +80,18 @@ def default_dtype(dtype: torch.dtype):
 
 
 def load_model(
-    path: str | Path, attn_backend: AttentionBackend, dtype: torch.dtype, device: str | torch.device
+    path: str | Path, attn_backend: AttentionBackend, dtype: torch.dtype,
+    device: str | torch.device, ops: LayerOps | None = None,
 ) -> tuple[nn.Module, object]:
     """Build the model for the checkpoint at `path` on `device` in `dtype` and load its weights
-    strictly (ValueError naming every missing, unexpected or mis-shaped tensor)."""
+    strictly (ValueError naming every missing, unexpected or mis-shaped tensor). `ops` (the
+    `kernels` group) computes norm/rotary/activation; None means TorchOps."""
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(path)
     cls = model_class(hf_config)
     with torch.device(device), default_dtype(dtype):
-        model = cls(hf_config, attn_backend)
+        model = cls(hf_config, attn_backend, ops or TorchOps())
     model.load_weights(safetensors_weights(path))
     for module in model.modules():
         method = getattr(module, "quant_method", None)

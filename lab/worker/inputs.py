@@ -45,7 +45,7 @@ class BatchRows:
 
 def prepare_inputs(
     batch: BatchRows, token_ids: np.ndarray, block_table: BlockTable, block_size: int,
-    device: torch.device,
+    max_model_len: int, device: torch.device,
 ) -> StepBatch:
     """Build the step's flat input ids, positions, slot mapping and attention inputs."""
     n = batch.num_scheduled
@@ -72,6 +72,7 @@ def prepare_inputs(
         block_size=block_size,
         query_lens_cpu=n.tolist(),
         seq_lens_cpu=seq_lens.tolist(),
+        max_model_len=max_model_len,
     )
     return StepBatch(
         input_ids=_to(input_ids, torch.int64, device),

@@ -65,7 +65,8 @@ class ModelRunner:
         if sched.is_empty:
             return ModelRunnerOutput()
         batch = prepare_inputs(
-            self._batch_rows(sched), self.token_ids, self.block_table, self.block_size, self.device
+            self._batch_rows(sched), self.token_ids, self.block_table, self.block_size,
+            self.max_model_len, self.device,
         )
         metadata = self.attn_backend.build_metadata(batch.attn_inputs)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, metadata)

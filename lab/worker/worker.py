@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from lab.attention.base import AttentionBackend, KVCacheSpec
+from lab.layers.ops import LayerOps
 from lab.models.loader import load_model, resolve_dtype
 from lab.sampling.params import SamplingParams
 from lab.scheduler.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
@@ -48,8 +49,8 @@ class Worker:
     """Loads the model on its device and runs steps through its ModelRunner."""
 
     def __init__(
-        self, model_path: Path, attn_backend: AttentionBackend, device: str, dtype: str,
-        block_size: int, max_num_seqs: int, max_num_batched_tokens: int, seed: int,
+        self, model_path: Path, attn_backend: AttentionBackend, ops: LayerOps, device: str,
+        dtype: str, block_size: int, max_num_seqs: int, max_num_batched_tokens: int, seed: int,
     ) -> None:
         self.device = resolve_device(device)
         torch.manual_seed(seed)
@@ -60,15 +61,16 @@ class Worker:
         self.hf_config = None
         self.dtype = None
         self.model = None
-        self._load(model_path, dtype)
+        self._load(model_path, dtype, ops)
         self.runner: ModelRunner | None = None
 
-    def _load(self, model_path: Path, dtype: str) -> None:
+    def _load(self, model_path: Path, dtype: str, ops: LayerOps) -> None:
         from transformers import AutoConfig
 
         hf_config = AutoConfig.from_pretrained(model_path)
         self.dtype = resolve_dtype(dtype, hf_config, self.device)
-        self.model, self.hf_config = load_model(model_path, self.attn_backend, self.dtype, self.device)
+        self.model, self.hf_config = load_model(
+            model_path, self.attn_backend, self.dtype, self.device, ops)
         self.attn_backend.check_supported(self.model.attention_spec)
 
     @property

@@ -38,7 +38,7 @@ def test_every_option_instantiates(group, option):
 
 def _package(group: str) -> str:
     return {"model": "models", "workload": "workloads", "preemption": "scheduler",
-            "executor": "executor"}.get(group, group)
+            "executor": "executor", "kernels": "layers"}.get(group, group)
 
 
 def test_loggers_compose_together():

@@ -1,0 +1,232 @@
+"""GPU kernel benchmark: each Triton kernel at the shapes of kernel-targets.md §5, checked against
+its reference at that shape, timed, and compared with the measured machine ceilings and PyTorch.
+
+    python -m lab.bench.kernels                 # needs CUDA; depends only on torch and triton
+    python -m lab.bench.kernels --quick         # smaller shapes, for a smoke run
+
+First it measures the ceilings (a large device copy: GB/s; a large bf16 matmul: TFLOP/s), then
+prints one table: µs (median of many runs, `triton.testing.do_bench`), achieved GB/s or TFLOP/s,
+% of the measured ceiling, and the same operation through PyTorch (SDPA for attention).
+Working sets are larger than L2 (50 MB on H100/H200) except where the row is about small
+launches (row 3, row 10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Row:
+    row: str
+    name: str
+    shape: str
+    us: float
+    work: float  # bytes (memory-bound rows) or FLOPs (compute-bound rows)
+    unit: str  # "GB/s" or "TFLOP/s"
+    torch_us: float | None
+    ok: bool
+
+
+def bench(fn: Callable[[], object]) -> float:
+    """Median µs of fn over many runs."""
+    from triton.testing import do_bench
+
+    return 1e3 * do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def ceilings() -> tuple[float, float]:
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")  # 1 GiB
+    dst = torch.empty_like(src)
+    copy_gbs = 2 * src.numel() / bench(lambda: dst.copy_(src)) / 1e3
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm_tflops = 2 * 8192**3 / bench(lambda: a @ b) / 1e6
+    return copy_gbs, mm_tflops
+
+
+# -- paged attention shapes ----------------------------------------------------------------------
+def paged_setup(batch: int, ctx: int, h: int, hkv: int, d: int, bs: int, q_len: int = 1):
+    """A scattered paged cache holding `ctx` tokens per request, and the step's queries."""
+    nblk = math.ceil(ctx / bs)
+    perm = torch.randperm(batch * nblk, device="cuda").int() + 1
+    block_table = perm.view(batch, nblk)
+    kv = torch.randn(2, batch * nblk + 1, bs, hkv, d, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(batch * q_len, h, d, device="cuda", dtype=torch.bfloat16)
+    seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
+    qsl = torch.arange(0, batch * q_len + 1, q_len, device="cuda", dtype=torch.int32)
+    return q, kv, block_table, seq_lens, qsl
+
+
+def dense_kv(kv, block_table, ctx: int):
+    b = block_table.shape[0]
+    k = kv[0][block_table.long()].reshape(b, -1, *kv.shape[-2:])[:, :ctx]
+    v = kv[1][block_table.long()].reshape(b, -1, *kv.shape[-2:])[:, :ctx]
+    return k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, D]
+
+
+def decode_row(row: str, batch: int, ctx: int, h=32, hkv=8, d=128, bs=16) -> Row:
+    from lab.kernels.paged_decode import (
+        DecodeWorkspace,
+        choose_num_splits,
+        paged_decode_attention,
+        paged_decode_attention_ref,
+    )
+
+    q, kv, bt, seq_lens, _ = paged_setup(batch, ctx, h, hkv, d, bs)
+    out = torch.empty_like(q)
+    ws = DecodeWorkspace()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = choose_num_splits(batch, ctx, num_sms=sms)
+    scale = d**-0.5
+
+    def run():
+        paged_decode_attention(q, kv[0], kv[1], out, seq_lens, bt, scale, splits, ws)
+
+    run()
+    ref = torch.empty_like(q)
+    paged_decode_attention_ref(q, kv[0], kv[1], ref, seq_lens, bt, scale, splits)
+    ok = torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    k, v = dense_kv(kv, bt, ctx)
+    qd = q.view(batch, h, 1, d)
+    t_torch = bench(lambda: F.scaled_dot_product_attention(qd, k, v, enable_gqa=True))
+    nbytes = 2 * batch * ctx * hkv * d * 2 + 2 * q.numel() * 2
+    return Row(row, f"paged decode (S={splits})", f"B={batch} ctx={ctx} {h}:{hkv} d{d} bs{bs}",
+               bench(run), nbytes, "GB/s", t_torch, ok)
+
+
+def prefill_row(row: str, ctx: int, new: int, h=32, hkv=8, d=128, bs=16) -> Row:
+    from lab.kernels.paged_prefill import paged_attention, paged_attention_ref
+
+    q, kv, bt, seq_lens, qsl = paged_setup(1, ctx, h, hkv, d, bs, q_len=new)
+    out = torch.empty_like(q)
+    scale = d**-0.5
+
+    def run():
+        paged_attention(q, kv[0], kv[1], out, qsl, seq_lens, bt, new, scale)
+
+    run()
+    ref = torch.empty_like(q)
+    paged_attention_ref(q, kv[0], kv[1], ref, qsl, seq_lens, bt, new, scale)
+    ok = torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    prefix = ctx - new
+    flops = 4 * h * d * (new * prefix + new * (new + 1) / 2)  # QK^T and PV over causal pairs
+    k, v = dense_kv(kv, bt, ctx)
+    qd = q.view(1, new, h, d).transpose(1, 2)
+    mask = None if prefix == 0 else _causal_mask(new, ctx)
+    t_torch = bench(lambda: F.scaled_dot_product_attention(
+        qd, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True))
+    return Row(row, "paged prefill (causal)", f"prefix={prefix} new={new} {h}:{hkv} d{d} bs{bs}",
+               bench(run), flops, "TFLOP/s", t_torch, ok)
+
+
+def _causal_mask(new: int, ctx: int) -> torch.Tensor:
+    qpos = torch.arange(ctx - new, ctx, device="cuda")[:, None]
+    return torch.arange(ctx, device="cuda")[None, :] <= qpos
+
+
+def kv_write_row(tokens=8192, hkv=8, d=128, bs=16) -> Row:
+    from lab.kernels.kv_cache_write import write_kv_cache, write_kv_cache_ref
+
+    nblk = tokens // bs
+    kv = torch.zeros(2, nblk + 1, bs, hkv, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(tokens, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    slots = (torch.randperm(nblk, device="cuda") + 1).repeat_interleave(bs) * bs
+    slots = slots + torch.arange(tokens, device="cuda") % bs
+    run = lambda: write_kv_cache(k, v, kv[0], kv[1], slots)  # noqa: E731
+    run()
+    ref = torch.zeros_like(kv)
+    write_kv_cache_ref(k, v, ref[0], ref[1], slots)
+    ok = torch.equal(kv, ref)
+    flat = kv[0].view(-1, hkv, d)
+    t_torch = bench(lambda: flat.index_copy_(0, slots, k))
+    return Row("8", "KV write", f"{tokens} tokens {hkv}x{d} bs{bs}", bench(run),
+               4 * k.numel() * 2, "GB/s", 2 * t_torch, ok)
+
+
+def rmsnorm_row(row: str, rows: int, hidden: int) -> Row:
+    from lab.kernels.rmsnorm import rms_norm, rms_norm_ref
+
+    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn_like(x)
+    w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    y, h = rms_norm(x, w, 1e-6, res)
+    y_ref, h_ref = rms_norm_ref(x, w, 1e-6, res)
+    ok = torch.allclose(y.float(), y_ref.float(), atol=3e-2, rtol=3e-2) and torch.equal(h, h_ref)
+    t_torch = bench(lambda: rms_norm_ref(x, w, 1e-6, res))
+    return Row(row, "RMSNorm + residual", f"{rows}x{hidden} bf16",
+               bench(lambda: rms_norm(x, w, 1e-6, res)), 4 * x.numel() * 2, "GB/s", t_torch, ok)
+
+
+def silu_row(row: str, rows: int, inter: int) -> Row:
+    from lab.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
+
+    x = torch.randn(rows, 2 * inter, device="cuda", dtype=torch.bfloat16)
+    ok = torch.allclose(silu_and_mul(x).float(), silu_and_mul_ref(x).float(), atol=3e-2, rtol=3e-2)
+    return Row(row, "SiLU and mul", f"{rows}x{inter} bf16", bench(lambda: silu_and_mul(x)),
+               1.5 * x.numel() * 2, "GB/s", bench(lambda: silu_and_mul_ref(x)), ok)
+
+
+def rotary_row(row: str, tokens: int, h=32, hkv=8, d=128) -> Row:
+    from lab.kernels.rotary import rotary_embedding, rotary_embedding_ref
+
+    pos = torch.randint(0, 4096, (tokens,), device="cuda")
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    ang = torch.arange(4096, device="cuda").float()[:, None] * inv[None]
+    cos, sin = ang.cos(), ang.sin()
+    q = torch.randn(tokens, h, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(tokens, hkv, d, device="cuda", dtype=torch.bfloat16)
+    qo, ko = rotary_embedding(pos, q.clone(), k.clone(), cos, sin, True)
+    qr, kr = rotary_embedding_ref(pos, q.clone(), k.clone(), cos, sin, True)
+    ok = torch.allclose(qo.float(), qr.float(), atol=3e-2) and torch.allclose(ko.float(), kr.float(), atol=3e-2)
+    run = lambda: rotary_embedding(pos, q, k, cos, sin, True)  # noqa: E731
+    t_torch = bench(lambda: rotary_embedding_ref(pos, q.clone(), k.clone(), cos, sin, True))
+    return Row(row, "rotary (neox)", f"{tokens} tok {h}/{hkv} heads d{d}", bench(run),
+               2 * (q.numel() + k.numel()) * 2, "GB/s", t_torch, ok)
+
+
+def all_rows(quick: bool) -> list[Row]:
+    s = 4 if quick else 1
+    rows = [decode_row("1", 64 // s, 4096), decode_row("2", 1, 32768 // s)]
+    rows += [decode_row("3", b, 1024) for b in (1, 4, 8)]
+    rows += [prefill_row("7", 8192 // s, 8192 // s), prefill_row("7", 16384 // s, 16384 // s),
+             prefill_row("7", 8192 // s, 4096 // s)]
+    rows += [kv_write_row(8192 // s), rmsnorm_row("9", 8192 // s, 4096),
+             rmsnorm_row("10", 256, 4096), silu_row("10", 256, 14336), rotary_row("10", 256),
+             silu_row("11", 8192 // s, 14336)]
+    return rows
+
+
+def print_table(rows: list[Row], copy_gbs: float, mm_tflops: float) -> None:
+    gpu = torch.cuda.get_device_name(0)
+    print(f"\n{gpu}: measured copy {copy_gbs:.0f} GB/s, bf16 matmul {mm_tflops:.0f} TFLOP/s")
+    print(f"{'row':<4}{'kernel':<24}{'shape':<34}{'µs':>9}{'achieved':>16}{'% ceil':>8}"
+          f"{'torch µs':>10}{'ok':>5}")
+    for r in rows:
+        rate = r.work / r.us / (1e3 if r.unit == "GB/s" else 1e6)
+        ceil = copy_gbs if r.unit == "GB/s" else mm_tflops
+        t = "-" if r.torch_us is None else f"{r.torch_us:.1f}"
+        print(f"{r.row:<4}{r.name:<24}{r.shape:<34}{r.us:>9.1f}{rate:>10.1f} {r.unit:<5}"
+              f"{100 * rate / ceil:>8.1f}{t:>10}{'yes' if r.ok else 'NO':>5}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smaller shapes (smoke run)")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("lab.bench.kernels needs CUDA (the Triton interpreter is not a benchmark)")
+    torch.manual_seed(0)
+    copy_gbs, mm_tflops = ceilings()
+    print_table(all_rows(args.quick), copy_gbs, mm_tflops)
+
+
+if __name__ == "__main__":
+    main()

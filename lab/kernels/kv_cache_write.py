@@ -1,0 +1,109 @@
+"""KV-cache write: scatter the step's new K/V rows into the paged cache (Triton + PyTorch reference).
+
+Cache layout per layer: `k_cache`, `v_cache` are each (num_blocks, block_size, Hkv, D); token t goes
+to block slot // block_size, offset slot % block_size. Slots < 0 (padding) are skipped, so padded
+tokens never touch the cache. Values are cast to the cache dtype on store.
+
+Grid (T, cdiv(Hkv, BLOCK_H)): one program copies BLOCK_H heads x D of one token for both K and V.
+The copy is memory-bound; a row tile of up to `_MAX_TILE` elements gives wide, coalesced accesses
+(kernel-targets §3.5: vLLM's reshape_and_cache_flash uses one program per token x tile).
+On GPU the cast rounds to nearest-even like torch's `.to`; the interpreter truncates fp32 -> bf16
+(1 ulp off), so bit-exact tests use fp32/fp16 caches on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from lab.kernels import num_warps_for
+
+_MAX_TILE = 2048  # elements per program (BLOCK_H * D); 4 KiB of bf16 per K and per V
+
+
+@triton.jit
+def _kv_cache_write_kernel(
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_cb, stride_co, stride_ch,
+    num_kv_heads,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """Copy K[t, h0:h0+BLOCK_H, :] and V[...] of token t = program_id(0) into its cache slot.
+
+    Inputs and caches have unit stride along D (asserted on the host); other strides are free.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:  # padding token
+        return
+    blk = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    dims = tl.arange(0, HEAD_DIM)
+    mask = (heads < num_kv_heads)[:, None]
+    src_k = k_ptr + t * stride_kt + heads[:, None] * stride_kh + dims[None, :]
+    src_v = v_ptr + t * stride_vt + heads[:, None] * stride_vh + dims[None, :]
+    dst = blk * stride_cb + off * stride_co + heads[:, None] * stride_ch + dims[None, :]
+    k = tl.load(src_k, mask=mask)
+    v = tl.load(src_v, mask=mask)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_args(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """Shape/layout checks shared by the kernel wrapper (cheap, host-side, no sync)."""
+    t, h, d = k.shape
+    assert v.shape == k.shape, (v.shape, k.shape)
+    assert k_cache.shape == v_cache.shape and k_cache.dim() == 4, (k_cache.shape, v_cache.shape)
+    assert k_cache.shape[2:] == (h, d), (k_cache.shape, k.shape)
+    assert k_cache.stride() == v_cache.stride(), "K and V caches must share one layout"
+    assert slot_mapping.shape == (t,), (slot_mapping.shape, t)
+    assert d >= 1 and d & (d - 1) == 0, f"head_dim must be a power of two, got {d}"
+    for x in (k, v, k_cache, v_cache):
+        assert x.stride(-1) == 1, "last (head_dim) dimension must be contiguous"
+
+
+def write_kv_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write k[t], v[t] (each [T, Hkv, D]) at slot_mapping[t] of k_cache / v_cache; skip slots < 0."""
+    _check_args(k, v, k_cache, v_cache, slot_mapping)
+    t, h, d = k.shape
+    if t == 0:
+        return
+    block_h = min(triton.next_power_of_2(h), max(1, _MAX_TILE // d))
+    grid = (t, triton.cdiv(h, block_h))
+    _kv_cache_write_kernel[grid](
+        k, v, k_cache, v_cache, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        h,
+        BLOCK_SIZE=k_cache.shape[1],
+        HEAD_DIM=d,
+        BLOCK_H=block_h,
+        num_warps=num_warps_for(block_h * d),
+    )
+
+
+def write_kv_cache_ref(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """PyTorch reference of `write_kv_cache` (same signature and semantics)."""
+    num_blocks, block_size, h, d = k_cache.shape
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid].long()
+    blk, off = slots // block_size, slots % block_size
+    k_cache[blk, off] = k[valid].to(k_cache.dtype)
+    v_cache[blk, off] = v[valid].to(v_cache.dtype)

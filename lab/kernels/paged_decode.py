@@ -1,0 +1,305 @@
+"""Split-KV paged decode attention ("flash decoding"): one query token per request.
+
+Cache layout per layer: k_cache, v_cache of shape (num_blocks, block_size, Hkv, D); token position p
+of request b lives at block block_table[b, p // block_size], offset p % block_size (block 0 is the
+null block that pads the table). The query of request b sits at position seq_lens[b] - 1 and sees
+keys 0 .. seq_lens[b] - 1, all already in the cache.
+
+Stage 1 (`_decode_split_kernel`), grid (B, Hkv, num_splits): a program streams one split of one
+request's keys for one KV head, in tiles of TILE_N keys (independent of block_size), with an online
+softmax. The G = H / Hkv query heads of the KV head are packed as rows of one tl.dot (padded to
+BLOCK_G ≥ 16), so K and V are read once per KV head. The grid depends only on B, Hkv and
+num_splits; each program derives its key range from seq_lens on the GPU (CUDA-graph safe).
+With num_splits == 1 the program writes the normalised output (and lse) directly; otherwise it
+writes fp32 partials and LSEs that stage 2 (`merge_attn_states`) combines.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import triton
+import triton.language as tl
+
+from lab.kernels import check_dtype_supported
+from lab.kernels.merge_attn_states import merge_attn_states, merge_attn_states_ref
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _split_range(seq_len, split, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr):
+    """Key range [start, end) of `split` for a request of `seq_len` keys.
+
+    keys:  | split 0 | split 1 | ... | split s: [s·chunk, min((s+1)·chunk, L)) | empty ... |
+    chunk = roundup(cdiv(L, NUM_SPLITS), TILE_N): every split starts tile-aligned; when L is small
+    the trailing splits have start >= L and are empty (start = end).
+    """
+    per_split = tl.cdiv(seq_len, NUM_SPLITS)
+    chunk = tl.cdiv(per_split, TILE_N) * TILE_N
+    start = tl.minimum(split * chunk, seq_len)
+    end = tl.minimum(start + chunk, seq_len)
+    return start, end
+
+
+@triton.jit
+def _attend_tile(
+    q, acc, m_i, l_i, start_n, end, bt_row_ptr, k_base, v_base,
+    stride_kb, stride_ks, stride_vb, stride_vs, offs_d, mask_d, qk_scale,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """One online-softmax step over keys [start_n, start_n + TILE_N) ∩ [.., end) (log2 domain)."""
+    offs_n = start_n + tl.arange(0, TILE_N)
+    mask_n = offs_n < end
+    blk = tl.load(bt_row_ptr + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
+    slot = (offs_n % BLOCK_SIZE).to(tl.int64)
+    kv_mask = mask_n[:, None] & mask_d[None, :]
+    k = tl.load(k_base + blk[:, None] * stride_kb + slot[:, None] * stride_ks + offs_d[None, :],
+                mask=kv_mask, other=0.0)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, TILE_N]
+    qk = tl.where(mask_n[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))  # finite: the tile holds >= 1 valid key
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_base + blk[:, None] * stride_vb + slot[:, None] * stride_vs + offs_d[None, :],
+                mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, seq_lens_ptr, bt_ptr, o_ptr, lse_ptr,
+    qk_scale, G,
+    stride_qb, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_btb,
+    stride_ob, stride_oh, stride_os,
+    stride_lb, stride_lh, stride_ls,
+    NUM_SPLITS: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
+    BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Program (b, kv_head, split): attention of the G query heads of kv_head over one split.
+
+    Writes the split's normalised output and natural-log LSE at o_ptr/lse_ptr[b, head, split]
+    (stride_os/stride_ls are 0 when writing the final output directly). Inner dims are contiguous.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    start, end = _split_range(tl.load(seq_lens_ptr + b), split, NUM_SPLITS, TILE_N)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_g = offs_g < G
+    mask_d = offs_d < HEAD_DIM  # constexpr bound: keeps 128-bit vector loads along D
+    heads = (kvh * G + offs_g).to(tl.int64)  # query heads of this kv head (rows >= G are padding)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    q = q.to(k_ptr.dtype.element_ty)
+
+    k_base = k_ptr + kvh.to(tl.int64) * stride_kh
+    v_base = v_ptr + kvh.to(tl.int64) * stride_vh
+    bt_row_ptr = bt_ptr + b * stride_btb
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for start_n in range(start, end, TILE_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start_n, end, bt_row_ptr, k_base, v_base,
+            stride_kb, stride_ks, stride_vb, stride_vs, offs_d, mask_d, qk_scale,
+            BLOCK_SIZE, TILE_N, DOT_PRECISION,
+        )
+
+    # Empty split (start == end): l_i = 0, m_i = -inf -> zeros and lse = -inf.
+    nonempty = l_i > 0.0
+    l_safe = tl.where(nonempty, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    o_ptrs = o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :]
+    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
+    if STORE_LSE:
+        lse = tl.where(nonempty, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split * stride_ls, lse, mask=mask_g)
+
+
+@dataclass
+class DecodeWorkspace:
+    """Reusable fp32 split partials: out [B_max, H, S_max, D] and lse [B_max, H, S_max].
+
+    `get` returns views of the first B, H, S, D entries and reallocates (growing every dim to at
+    least what is asked) only when a dim is too small or the device changes. Size it once before
+    CUDA-graph capture so replays keep the same pointers.
+    """
+
+    out: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+    _shape: tuple[int, int, int, int] = field(default=(0, 0, 0, 0))
+
+    def get(self, b: int, h: int, s: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views (partial_out [b, h, s, d], partial_lse [b, h, s]) into the workspace."""
+        device = torch.device(device)
+        fits = all(x <= cap for x, cap in zip((b, h, s, d), self._shape))
+        if self.out is None or not fits or self.out.device != device:
+            self._shape = tuple(max(x, cap) for x, cap in zip((b, h, s, d), self._shape))
+            self.out = torch.empty(self._shape, dtype=torch.float32, device=device)
+            self.lse = torch.empty(self._shape[:3], dtype=torch.float32, device=device)
+        return self.out[:b, :h, :s, :d], self.lse[:b, :h, :s]
+
+
+def choose_num_splits(
+    batch_size: int,
+    max_seq_len: int,
+    num_sms: int = 132,
+    min_keys_per_split: int = 256,
+    max_splits: int = 16,
+    num_kv_heads: int = 1,
+) -> int:
+    """Number of KV splits for a decode launch of batch_size x num_kv_heads x splits programs.
+
+    Rule: S = 1 when B·Hkv >= num_sms (one program per SM already; splitting would only add
+    the merge). Otherwise aim for two waves, B·Hkv·S >= 2·num_sms, so S = cdiv(2·num_sms, B·Hkv),
+    capped so that every split keeps at least `min_keys_per_split` keys of a `max_seq_len`
+    sequence and S <= max_splits (so S = 1 for short sequences too).
+    Pass max_model_len as max_seq_len to get a value fixed across steps (graph capture); short
+    actual sequences then just leave trailing splits empty. Pass num_kv_heads (per rank) for an
+    exact program count; the default 1 counts requests only.
+    """
+    programs = max(1, batch_size * num_kv_heads)
+    if programs >= num_sms:
+        return 1
+    by_occupancy = math.ceil(2 * num_sms / programs)
+    by_length = max_seq_len // max(1, min_keys_per_split)
+    return max(1, min(by_occupancy, by_length, max_splits))
+
+
+def _launch_config(head_dim: int) -> dict:
+    """Tile and launch parameters of stage 1 for Hopper (bandwidth-bound decode).
+
+    Checked by compiling for sm_90 (no spills, cp.async-pipelined 128-bit K/V loads); not yet
+    timed on a GPU. TILE_N x D K and V tiles of bf16 are 16 KiB each at D = 128.
+    """
+    if head_dim <= 128:
+        return dict(TILE_N=64, num_warps=4, num_stages=2)
+    return dict(TILE_N=32, num_warps=8, num_stages=2)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    workspace: DecodeWorkspace | None = None,
+    lse: torch.Tensor | None = None,
+) -> None:
+    """Decode attention of q [B, H, D] over the paged cache into out [B, H, D] (lse [B, H] fp32).
+
+    One launch when num_splits == 1; otherwise stage 1 writes fp32 partials into `workspace`
+    (a fresh one when None) and `merge_attn_states` combines them.
+    """
+    _check_inputs(q, k_cache, v_cache, out, seq_lens, block_table, num_splits)
+    batch, num_heads, head_dim = q.shape
+    if batch == 0:
+        return
+    if num_splits == 1:
+        _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, 1, out, lse, direct=True)
+        return
+    workspace = workspace if workspace is not None else DecodeWorkspace()
+    p_out, p_lse = workspace.get(batch, num_heads, num_splits, head_dim, q.device)
+    _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, p_out, p_lse,
+            direct=False)
+    merge_attn_states(p_out, p_lse, out, lse)
+
+
+def _check_inputs(q, k_cache, v_cache, out, seq_lens, block_table, num_splits) -> None:
+    """Shape/stride preconditions of the kernels (inner dims contiguous)."""
+    _, num_heads, head_dim = q.shape
+    _, _, num_kv_heads, kd = k_cache.shape
+    assert k_cache.shape == v_cache.shape and kd == head_dim, (k_cache.shape, q.shape)
+    assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
+    assert out.shape == q.shape and num_splits >= 1
+    assert q.stride(-1) == 1 and out.stride(-1) == 1
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert block_table.dtype == torch.int32 and block_table.stride(-1) == 1
+    assert seq_lens.dtype == torch.int32 and seq_lens.shape == q.shape[:1]
+    check_dtype_supported(k_cache, "k_cache")
+
+
+def _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, o, lse, direct):
+    """Launch the split kernel; `direct` writes o [B, H, D] instead of partials [B, H, S, D]."""
+    batch, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    store_lse = lse is not None
+    if direct:
+        o_strides = (o.stride(0), o.stride(1), 0)
+        l_strides = (lse.stride(0), lse.stride(1), 0) if store_lse else (0, 0, 0)
+    else:
+        o_strides = (o.stride(0), o.stride(1), o.stride(2))
+        l_strides = tuple(lse.stride())
+    cfg = _launch_config(head_dim)
+    precision = "ieee" if k_cache.dtype == torch.float32 else "tf32"
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, seq_lens, block_table, o, lse if store_lse else o,
+        scale * _LOG2E, group,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_table.stride(0),
+        *o_strides, *l_strides,
+        NUM_SPLITS=num_splits, BLOCK_SIZE=block_size, TILE_N=cfg["TILE_N"],
+        BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        STORE_LSE=store_lse, DOT_PRECISION=precision,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    lse: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """PyTorch reference (fp32 math) of the split computation; writes out (and lse), returns lse.
+
+    Splits use chunk = cdiv(L, num_splits) without tile rounding (the math is the same); each
+    split's partial output and LSE are merged by `merge_attn_states_ref`.
+    """
+    batch, num_heads, head_dim = q.shape
+    p_out = torch.zeros(batch, num_heads, num_splits, head_dim, device=q.device)
+    p_lse = torch.full((batch, num_heads, num_splits), float("-inf"), device=q.device)
+    for b in range(batch):
+        keys, vals = _gather_request_kv(k_cache, v_cache, block_table[b], int(seq_lens[b]))
+        keys = keys.repeat_interleave(num_heads // k_cache.shape[2], dim=1)  # [L, H, D]
+        vals = vals.repeat_interleave(num_heads // k_cache.shape[2], dim=1)
+        chunk = -(-keys.shape[0] // num_splits)
+        for s in range(num_splits):
+            lo, hi = s * chunk, min((s + 1) * chunk, keys.shape[0])
+            if lo >= hi:
+                continue
+            scores = torch.einsum("hd,lhd->hl", q[b].float(), keys[lo:hi]) * scale
+            p_lse[b, :, s] = torch.logsumexp(scores, dim=-1)
+            p_out[b, :, s] = torch.einsum("hl,lhd->hd", torch.softmax(scores, -1), vals[lo:hi])
+    return merge_attn_states_ref(p_out, p_lse, out, lse)
+
+
+def _gather_request_kv(k_cache, v_cache, table_row, seq_len):
+    """Keys and values [L, Hkv, D] (fp32) of positions 0..L-1 of one request."""
+    pos = torch.arange(seq_len, device=k_cache.device)
+    blocks = table_row.long()[pos // k_cache.shape[1]]
+    slots = pos % k_cache.shape[1]
+    return k_cache[blocks, slots].float(), v_cache[blocks, slots].float()

@@ -1,0 +1,266 @@
+"""Varlen paged attention for prefill / extend / mixed batches (Triton + PyTorch reference).
+
+Request b owns query rows query_start_loc[b] .. query_start_loc[b+1]-1 (q_len of them) and
+seq_lens[b] keys, all read from the paged cache through block_table[b] (the step's new K/V were
+written there first by `write_kv_cache`). With ctx = seq_len - q_len, query row i sits at position
+ctx + i and attends causally to keys 0 .. ctx + i.
+
+Kernel design (kernel-targets §3.1, vLLM unified attention):
+- grid (cdiv(max_query_len, BLOCK_Q), B, Hkv); a program whose q-block starts past its request's
+  q_len returns at once.
+- GQA packing: the G = H / Hkv query heads sharing a KV head and BLOCK_Q query tokens form
+  BLOCK_M = BLOCK_Q * G (padded to a power of two >= 16) rows, so each K/V tile is loaded once per
+  KV head and `tl.dot` has M >= 16. Row r is (token q0 + r // G, head kvh * G + r % G).
+- The KV loop walks TILE_N key positions at a time, independent of the cache block size; a key at
+  position p lives at block block_table[b, p // block_size], offset p % block_size.
+- FlashAttention-2 online softmax in fp32 (exp2 with log2(e) folded into the scale).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from lab.kernels import check_dtype_supported
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_tile(
+    acc, l_i, m_i, q, q_pos,
+    k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_off, start, kv_end, qk_scale,
+    stride_cb, stride_co,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One online-softmax step over keys start .. start+TILE_N-1 of one request and KV head.
+
+    MASKED=False is only used for tiles every row may fully see (no causal or length edge).
+    """
+    pos = start + tl.arange(0, TILE_N)
+    dims = tl.arange(0, HEAD_DIM)
+    in_seq = pos < kv_end
+    if MASKED:
+        blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE, mask=in_seq, other=0)
+    else:
+        blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE)
+    # Offset of (block, in-block offset, kv head) for each key; int64: caches exceed 2^31 elements.
+    key_off = blk.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co + kv_head_off
+    k_ptrs = k_cache_ptr + key_off[None, :] + dims[:, None]  # [D, TILE_N] (K transposed)
+    v_ptrs = v_cache_ptr + key_off[:, None] + dims[None, :]  # [TILE_N, D]
+    if MASKED:
+        k = tl.load(k_ptrs, mask=in_seq[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=in_seq[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+
+    s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N], log2 units
+    if MASKED:
+        visible = (pos[None, :] <= q_pos[:, None]) & in_seq[None, :]
+        s = tl.where(visible, s, float("-inf"))
+    # Every row saw key 0 in the first tile, so m_new is finite and no NaN can arise.
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _paged_prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+    qsl_ptr, seq_lens_ptr, bt_ptr,
+    qk_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+    stride_cb, stride_co, stride_ch,
+    G: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    TILE_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Attention of BLOCK_Q query tokens x G heads of request program_id(1), KV head program_id(2)."""
+    b = tl.program_id(1)
+    kvh = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + b)
+    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    q0 = tl.program_id(0) * BLOCK_Q
+    if q0 >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + b)
+    ctx = seq_len - q_len
+
+    rows = tl.arange(0, BLOCK_M)
+    tok = q0 + rows // G
+    row_ok = (rows < BLOCK_Q * G) & (tok < q_len)  # rows past BLOCK_Q*G pad BLOCK_M to a pow2
+    row_off = (q_start + tok).to(tl.int64)
+    head = kvh * G + rows % G
+    dims = tl.arange(0, HEAD_DIM)
+    q_ptrs = q_ptr + (row_off * stride_qt + head * stride_qh)[:, None] + dims[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    q_pos = ctx + tok
+
+    # Key ranges of this program (q1 = one past its last valid token):
+    #   keys:  | 0 ............ full_end | ............ kv_end | ... seq_len |
+    #          | phase 1: no masks       | phase 2: masked    | never read  |
+    # full_end = (ctx + q0 + 1) rounded down to TILE_N: every row (position >= ctx + q0) sees all
+    # of phase 1. kv_end = ctx + q1 <= seq_len: keys past the last row's position are skipped.
+    q1 = tl.minimum(q0 + BLOCK_Q, q_len)
+    kv_end = ctx + q1
+    full_end = (ctx + q0 + 1) // TILE_N * TILE_N
+
+    bt_row_ptr = bt_ptr + b.to(tl.int64) * stride_bt
+    kv_head_off = kvh.to(tl.int64) * stride_ch
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for start in range(0, full_end, TILE_N):
+        acc, l_i, m_i = _attend_tile(
+            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_off,
+            start, kv_end, qk_scale, stride_cb, stride_co,
+            BLOCK_SIZE, TILE_N, HEAD_DIM, False, DOT_PRECISION,
+        )
+    for start in range(full_end, kv_end, TILE_N):
+        acc, l_i, m_i = _attend_tile(
+            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_off,
+            start, kv_end, qk_scale, stride_cb, stride_co,
+            BLOCK_SIZE, TILE_N, HEAD_DIM, True, DOT_PRECISION,
+        )
+
+    acc = acc / l_i[:, None]
+    o_ptrs = out_ptr + (row_off * stride_ot + head * stride_oh)[:, None] + dims[None, :]
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def pick_config(max_query_len: int, group: int, head_dim: int, elem_size: int = 2) -> dict:
+    """Tile sizes and launch options for the H100/H200 (also valid in the interpreter).
+
+    BLOCK_M grows with the rows a q-block can fill (max_query_len * G): 16 for decode-like
+    batches, up to 128 for long prefill chunks, where a larger M raises the tensor-core reuse of
+    each K/V tile (wgmma needs M >= 64). TILE_N = 64, or 32 at small M; 8 warps at M = 128 (or
+    M = 64 with d = 256). fp32 (elem_size 4, a test dtype on GPU) uses TILE_N = 32, M <= 64 at
+    d = 128 and 2 stages to fit shared memory. Compiled for sm_90 without a GPU (bf16/fp16,
+    d 64-256): no register spills, <= 161 KiB shared memory (<= 97 KiB for d <= 128).
+    """
+    min_m = max(16, triton.next_power_of_2(group))
+    cap = 128 if head_dim * elem_size <= 256 else 64
+    block_m = max(min_m, min(cap, triton.next_power_of_2(max(1, max_query_len * group))))
+    tile_n = 32 if block_m <= 32 or elem_size > 2 else 64
+    return {
+        "BLOCK_M": block_m,
+        "TILE_N": tile_n,
+        "num_warps": 8 if block_m >= 128 or (head_dim >= 256 and block_m >= 64) else 4,
+        "num_stages": 3 if block_m >= 64 and elem_size <= 2 else 2,
+    }
+
+
+def _check_args(q, k_cache, v_cache, out, query_start_loc, seq_lens, block_table) -> None:
+    """Host-side shape/layout checks (no device sync)."""
+    t, h, d = q.shape
+    assert out.shape == q.shape, (out.shape, q.shape)
+    assert k_cache.dim() == 4 and k_cache.shape == v_cache.shape, (k_cache.shape, v_cache.shape)
+    assert k_cache.stride() == v_cache.stride(), "K and V caches must share one layout"
+    assert k_cache.shape[3] == d, (k_cache.shape, d)
+    assert h % k_cache.shape[2] == 0, f"{h} query heads not a multiple of {k_cache.shape[2]}"
+    assert d >= 16 and d & (d - 1) == 0, f"head_dim must be a power of two >= 16, got {d}"
+    b = seq_lens.shape[0]
+    assert query_start_loc.shape == (b + 1,) and block_table.shape[0] == b
+    assert block_table.stride(1) == 1, "block_table rows must be contiguous"
+    for x in (q, out, k_cache, v_cache):
+        assert x.stride(-1) == 1, "last (head_dim) dimension must be contiguous"
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    *,
+    block_m: int | None = None,
+    tile_n: int | None = None,
+) -> None:
+    """Causal varlen attention of q [T, H, D] over the paged cache, written into out [T, H, D].
+
+    Rows of `out` past query_start_loc[B] are left untouched. `block_m` / `tile_n` override the
+    tile choice of `pick_config` (tests and tuning); block_m must be a power of two >= 16 and
+    >= H / Hkv, tile_n a power of two >= 16.
+    """
+    _check_args(q, k_cache, v_cache, out, query_start_loc, seq_lens, block_table)
+    check_dtype_supported(q, "paged_attention q")  # bf16 tl.dot is garbage in the interpreter
+    check_dtype_supported(k_cache, "paged_attention kv cache")
+    _, h, d = q.shape
+    hkv = k_cache.shape[2]
+    b = seq_lens.shape[0]
+    if b == 0 or max_query_len <= 0:
+        return
+    g = h // hkv
+    cfg = pick_config(max_query_len, g, d, q.element_size())
+    if block_m is not None:
+        cfg["BLOCK_M"] = block_m
+    if tile_n is not None:
+        cfg["TILE_N"] = tile_n
+    assert cfg["BLOCK_M"] >= max(16, g) and cfg["BLOCK_M"] & (cfg["BLOCK_M"] - 1) == 0
+    assert cfg["TILE_N"] >= 16 and cfg["TILE_N"] & (cfg["TILE_N"] - 1) == 0
+    block_q = cfg["BLOCK_M"] // g
+    grid = (triton.cdiv(max_query_len, block_q), b, hkv)
+    _paged_prefill_kernel[grid](
+        q, k_cache, v_cache, out,
+        query_start_loc, seq_lens, block_table,
+        scale * _LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        G=g,
+        BLOCK_Q=block_q,
+        HEAD_DIM=d,
+        BLOCK_SIZE=k_cache.shape[1],
+        # fp32: 3-pass tf32 on tensor cores (~fp32 accurate); ignored for 16-bit inputs
+        DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
+        **cfg,
+    )
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+) -> None:
+    """PyTorch reference of `paged_attention`: per request, dense causal attention in fp32 over
+    keys gathered from the cache through the block table; GQA by repeat_interleave."""
+    block_size = k_cache.shape[1]
+    group = q.shape[1] // k_cache.shape[2]
+    qsl = query_start_loc.tolist()
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        start, end = qsl[b], qsl[b + 1]
+        q_len = end - start
+        if q_len == 0:
+            continue
+        pos = torch.arange(seq_len, device=q.device)
+        blk, off = block_table[b, pos // block_size].long(), pos % block_size
+        k = k_cache[blk, off].float().repeat_interleave(group, dim=1)  # [seq_len, H, D]
+        v = v_cache[blk, off].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), k) * scale
+        q_pos = seq_len - q_len + torch.arange(q_len, device=q.device)
+        scores.masked_fill_(pos[None, :] > q_pos[:, None], -math.inf)
+        out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(out.dtype)

@@ -1,0 +1,59 @@
+"""Greedy token ids with attention=triton_flash (fp32; Triton's interpreter on CPU) equal those of
+attention=torch and of transformers, for tiny Llama and tiny Qwen3, in one run that forces chunked
+prefill (a 16-token budget), prefix-cache hits (shared prefixes) and preemption (a tiny cache)."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from lab import LLM, SamplingParams
+from lab.models.tiny import ensure_tiny_model
+
+MAX_TOKENS = 8
+KNOBS = dict(dtype="float32", device="cpu", block_size=4, max_num_batched_tokens=16,
+             num_gpu_blocks=14, max_model_len=48)
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(11)
+    shared = torch.randint(3, 500, (9,), generator=g).tolist()
+    tails = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (14, 3, 20, 1)]
+    return [shared + t for t in tails]
+
+
+def _hf(model_name: str, prompts) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(model_name),
+                                                 dtype=torch.float32).eval()
+    out = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        gen = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False,
+                             attention_mask=torch.ones_like(ids))
+        out.append(gen[0, len(p):].tolist())
+    return out
+
+
+@pytest.mark.parametrize("model_name", ["tiny_llama", "tiny_qwen3"])
+def test_triton_flash_matches_torch_and_transformers(model_name):
+    prompts = _prompts()
+    sp = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    runs = {}
+    for backend in ("torch", "triton_flash"):
+        llm = LLM(model_name, attention=backend, kernels="triton" if backend != "torch" else "torch",
+                  **KNOBS)
+        runs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
+        steps = llm.engine.step_stats
+        assert sum(s.num_preempted for s in steps) > 0
+        assert sum(s.prefix_cache_hits for s in steps) > 0
+        assert any(s.num_decode_tokens == 0 and s.num_prefill_tokens == 16 for s in steps)
+        kv = llm.engine.scheduler.kv
+        assert kv.num_free_blocks == kv.num_blocks - 1
+    assert runs["triton_flash"] == runs["torch"]
+    assert runs["torch"] == _hf(model_name, prompts)
+
+
+def test_triton_flash_refuses_bf16_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter restriction only applies without CUDA")
+    with pytest.raises(ValueError, match="bf16|bfloat16"):
+        LLM("tiny_llama", attention="triton_flash", dtype="bfloat16", num_gpu_blocks=16)
