@@ -40,11 +40,12 @@ class TritonFlashBackend(PagedKVBackend):
 
     name = "triton_flash"
 
-    def __init__(self, max_splits: int = 16, min_keys_per_split: int = 256) -> None:
+    def __init__(self, max_splits: int = 16, min_keys_per_split: int = 256,
+                 num_sms: int | None = None) -> None:
         self.max_splits = max_splits
         self.min_keys_per_split = min_keys_per_split
         self.workspace = DecodeWorkspace()
-        self._num_sms: int | None = None
+        self._num_sms = num_sms
         self._num_kv_heads = 1
 
     def kv_cache_spec(self, spec: AttentionSpec, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
@@ -83,7 +84,9 @@ class TritonFlashBackend(PagedKVBackend):
         return out
 
     def _sm_count(self, device: torch.device) -> int:
+        """The parallelism splits should fill: the GPU's SMs; 1 on the CPU (the interpreter
+        runs programs one by one, so splitting only adds work)."""
         if self._num_sms is None:
             self._num_sms = (torch.cuda.get_device_properties(device).multi_processor_count
-                             if device.type == "cuda" else 132)
+                             if device.type == "cuda" else 1)
         return self._num_sms

@@ -83,7 +83,7 @@ def decode_row(row: str, batch: int, ctx: int, h=32, hkv=8, d=128, bs=16) -> Row
     out = torch.empty_like(q)
     ws = DecodeWorkspace()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    splits = choose_num_splits(batch, ctx, num_sms=sms)
+    splits = choose_num_splits(batch, ctx, num_sms=sms, num_kv_heads=hkv)
     scale = d**-0.5
 
     def run():

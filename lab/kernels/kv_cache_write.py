@@ -4,9 +4,10 @@ Cache layout per layer: `k_cache`, `v_cache` are each (num_blocks, block_size, H
 to block slot // block_size, offset slot % block_size. Slots < 0 (padding) are skipped, so padded
 tokens never touch the cache. Values are cast to the cache dtype on store.
 
-Grid (T, cdiv(Hkv, BLOCK_H)): one program copies BLOCK_H heads x D of one token for both K and V.
-The copy is memory-bound; a row tile of up to `_MAX_TILE` elements gives wide, coalesced accesses
-(kernel-targets §3.5: vLLM's reshape_and_cache_flash uses one program per token x tile).
+Grid (cdiv(T, BLOCK_T), cdiv(Hkv, BLOCK_H)): one program copies BLOCK_T tokens x BLOCK_H heads x D
+for both K and V. The copy is memory-bound; a tile of up to `_MAX_TILE` elements gives wide,
+coalesced accesses (kernel-targets §3.5: vLLM's reshape_and_cache_flash uses one program per
+token x tile, i.e. BLOCK_T = 1 when a token's heads fill the tile).
 On GPU the cast rounds to nearest-even like torch's `.to`; the interpreter truncates fp32 -> bf16
 (1 ulp off), so bit-exact tests use fp32/fp16 caches on CPU.
 """
@@ -17,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lab.kernels import num_warps_for
+from lab.kernels import interpreter_active, num_warps_for
 
 _MAX_TILE = 2048  # elements per program (BLOCK_H * D); 4 KiB of bf16 per K and per V
 
@@ -25,29 +26,29 @@ _MAX_TILE = 2048  # elements per program (BLOCK_H * D); 4 KiB of bf16 per K and 
 @triton.jit
 def _kv_cache_write_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh,
+    num_tokens, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_co, stride_ch,
     num_kv_heads,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
-    """Copy K[t, h0:h0+BLOCK_H, :] and V[...] of token t = program_id(0) into its cache slot.
+    """Copy K/V rows [t0, t0 + BLOCK_T) x heads [h0, h0 + BLOCK_H) into their cache slots.
 
-    Inputs and caches have unit stride along D (asserted on the host); other strides are free.
+    A tile is BLOCK_T tokens x (BLOCK_H * HEAD_DIM) elements: column c is head c // HEAD_DIM,
+    dim c % HEAD_DIM. Inputs and caches have unit stride along D (asserted on the host).
     """
-    t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    if slot < 0:  # padding token
-        return
-    blk = slot // BLOCK_SIZE
-    off = slot % BLOCK_SIZE
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    dims = tl.arange(0, HEAD_DIM)
-    mask = (heads < num_kv_heads)[:, None]
-    src_k = k_ptr + t * stride_kt + heads[:, None] * stride_kh + dims[None, :]
-    src_v = v_ptr + t * stride_vt + heads[:, None] * stride_vh + dims[None, :]
-    dst = blk * stride_cb + off * stride_co + heads[:, None] * stride_ch + dims[None, :]
+    toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    slots = tl.load(slot_ptr + toks, mask=toks < num_tokens, other=-1).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H * HEAD_DIM)
+    heads = tl.program_id(1) * BLOCK_H + cols // HEAD_DIM
+    dims = cols % HEAD_DIM
+    mask = (slots >= 0)[:, None] & (heads < num_kv_heads)[None, :]  # slot -1: padding
+    src_k = k_ptr + toks[:, None] * stride_kt + (heads * stride_kh + dims)[None, :]
+    src_v = v_ptr + toks[:, None] * stride_vt + (heads * stride_vh + dims)[None, :]
+    blk, off = slots // BLOCK_SIZE, slots % BLOCK_SIZE
+    dst = (blk * stride_cb + off * stride_co)[:, None] + (heads * stride_ch + dims)[None, :]
     k = tl.load(src_k, mask=mask)
     v = tl.load(src_v, mask=mask)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
@@ -80,17 +81,27 @@ def write_kv_cache(
     if t == 0:
         return
     block_h = min(triton.next_power_of_2(h), max(1, _MAX_TILE // d))
-    grid = (t, triton.cdiv(h, block_h))
+    block_t = _tokens_per_program(block_h * d)
+    grid = (triton.cdiv(t, block_t), triton.cdiv(h, block_h))
     _kv_cache_write_kernel[grid](
         k, v, k_cache, v_cache, slot_mapping,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        t, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         h,
         BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=d,
         BLOCK_H=block_h,
-        num_warps=num_warps_for(block_h * d),
+        BLOCK_T=block_t,
+        num_warps=num_warps_for(block_t * block_h * d),
     )
+
+
+def _tokens_per_program(row_elems: int) -> int:
+    """Tokens per program: fill a tile of _MAX_TILE elements on a GPU; in the interpreter, whose
+    cost is per program and per op rather than per element, take many tokens at once."""
+    if interpreter_active():
+        return 64
+    return max(1, _MAX_TILE // row_elems)
 
 
 def write_kv_cache_ref(

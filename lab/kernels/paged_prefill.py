@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lab.kernels import check_dtype_supported
+from lab.kernels import check_dtype_supported, interpreter_active
 
 _LOG2E = 1.4426950408889634
 
@@ -211,6 +211,9 @@ def paged_attention(
         return
     g = h // hkv
     cfg = pick_config(max_query_len, g, d, q.element_size())
+    if interpreter_active():  # cost is per op, not per element: fewer, larger tiles
+        cfg["BLOCK_M"] = max(cfg["BLOCK_M"], min(128, triton.next_power_of_2(max_query_len * g)))
+        cfg["TILE_N"] = 128
     if block_m is not None:
         cfg["BLOCK_M"] = block_m
     if tile_n is not None:
