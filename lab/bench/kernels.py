@@ -23,6 +23,18 @@ import torch.nn.functional as F
 
 
 @dataclass
+class Setup:
+    """Where the rows run: CUDA + bf16 for the real table; `--smoke` runs tiny shapes in fp32 on
+    the CPU (Triton's interpreter) to check the script itself end to end."""
+
+    device: str = "cuda"
+    dtype: torch.dtype = torch.bfloat16
+
+    def t(self, *shape, dtype=None) -> torch.Tensor:
+        return torch.randn(*shape, device=self.device, dtype=dtype or self.dtype)
+
+
+@dataclass
 class Row:
     row: str
     name: str
@@ -35,7 +47,13 @@ class Row:
 
 
 def bench(fn: Callable[[], object]) -> float:
-    """Median µs of fn over many runs."""
+    """Median µs of fn over many runs (CUDA events); a plain timer on the CPU smoke run."""
+    if not torch.cuda.is_available():
+        import time
+
+        start = time.perf_counter()
+        fn()
+        return 1e6 * (time.perf_counter() - start)
     from triton.testing import do_bench
 
     return 1e3 * do_bench(fn, warmup=25, rep=200, return_mode="median")
@@ -52,15 +70,16 @@ def ceilings() -> tuple[float, float]:
 
 
 # -- paged attention shapes ----------------------------------------------------------------------
-def paged_setup(batch: int, ctx: int, h: int, hkv: int, d: int, bs: int, q_len: int = 1):
+def paged_setup(env: Setup, batch: int, ctx: int, h: int, hkv: int, d: int, bs: int,
+                q_len: int = 1):
     """A scattered paged cache holding `ctx` tokens per request, and the step's queries."""
     nblk = math.ceil(ctx / bs)
-    perm = torch.randperm(batch * nblk, device="cuda").int() + 1
+    perm = torch.randperm(batch * nblk, device=env.device).int() + 1
     block_table = perm.view(batch, nblk)
-    kv = torch.randn(2, batch * nblk + 1, bs, hkv, d, device="cuda", dtype=torch.bfloat16)
-    q = torch.randn(batch * q_len, h, d, device="cuda", dtype=torch.bfloat16)
-    seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
-    qsl = torch.arange(0, batch * q_len + 1, q_len, device="cuda", dtype=torch.int32)
+    kv = env.t(2, batch * nblk + 1, bs, hkv, d)
+    q = env.t(batch * q_len, h, d)
+    seq_lens = torch.full((batch,), ctx, device=env.device, dtype=torch.int32)
+    qsl = torch.arange(0, batch * q_len + 1, q_len, device=env.device, dtype=torch.int32)
     return q, kv, block_table, seq_lens, qsl
 
 
@@ -71,7 +90,7 @@ def dense_kv(kv, block_table, ctx: int):
     return k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, D]
 
 
-def decode_row(row: str, batch: int, ctx: int, h=32, hkv=8, d=128, bs=16) -> Row:
+def decode_row(env: Setup, row: str, batch: int, ctx: int, h=32, hkv=8, d=128, bs=16) -> Row:
     from lab.kernels.paged_decode import (
         DecodeWorkspace,
         choose_num_splits,
@@ -79,10 +98,10 @@ def decode_row(row: str, batch: int, ctx: int, h=32, hkv=8, d=128, bs=16) -> Row
         paged_decode_attention_ref,
     )
 
-    q, kv, bt, seq_lens, _ = paged_setup(batch, ctx, h, hkv, d, bs)
+    q, kv, bt, seq_lens, _ = paged_setup(env, batch, ctx, h, hkv, d, bs)
     out = torch.empty_like(q)
     ws = DecodeWorkspace()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if env.device == "cuda" else 8
     splits = choose_num_splits(batch, ctx, num_sms=sms, num_kv_heads=hkv)
     scale = d**-0.5
 
@@ -101,10 +120,10 @@ def decode_row(row: str, batch: int, ctx: int, h=32, hkv=8, d=128, bs=16) -> Row
                bench(run), nbytes, "GB/s", t_torch, ok)
 
 
-def prefill_row(row: str, ctx: int, new: int, h=32, hkv=8, d=128, bs=16) -> Row:
+def prefill_row(env: Setup, row: str, ctx: int, new: int, h=32, hkv=8, d=128, bs=16) -> Row:
     from lab.kernels.paged_prefill import paged_attention, paged_attention_ref
 
-    q, kv, bt, seq_lens, qsl = paged_setup(1, ctx, h, hkv, d, bs, q_len=new)
+    q, kv, bt, seq_lens, qsl = paged_setup(env, 1, ctx, h, hkv, d, bs, q_len=new)
     out = torch.empty_like(q)
     scale = d**-0.5
 
@@ -119,27 +138,27 @@ def prefill_row(row: str, ctx: int, new: int, h=32, hkv=8, d=128, bs=16) -> Row:
     flops = 4 * h * d * (new * prefix + new * (new + 1) / 2)  # QK^T and PV over causal pairs
     k, v = dense_kv(kv, bt, ctx)
     qd = q.view(1, new, h, d).transpose(1, 2)
-    mask = None if prefix == 0 else _causal_mask(new, ctx)
+    mask = None if prefix == 0 else _causal_mask(new, ctx, env.device)
     t_torch = bench(lambda: F.scaled_dot_product_attention(
         qd, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True))
     return Row(row, "paged prefill (causal)", f"prefix={prefix} new={new} {h}:{hkv} d{d} bs{bs}",
                bench(run), flops, "TFLOP/s", t_torch, ok)
 
 
-def _causal_mask(new: int, ctx: int) -> torch.Tensor:
-    qpos = torch.arange(ctx - new, ctx, device="cuda")[:, None]
-    return torch.arange(ctx, device="cuda")[None, :] <= qpos
+def _causal_mask(new: int, ctx: int, device: str) -> torch.Tensor:
+    qpos = torch.arange(ctx - new, ctx, device=device)[:, None]
+    return torch.arange(ctx, device=device)[None, :] <= qpos
 
 
-def kv_write_row(tokens=8192, hkv=8, d=128, bs=16) -> Row:
+def kv_write_row(env: Setup, tokens=8192, hkv=8, d=128, bs=16) -> Row:
     from lab.kernels.kv_cache_write import write_kv_cache, write_kv_cache_ref
 
     nblk = tokens // bs
-    kv = torch.zeros(2, nblk + 1, bs, hkv, d, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(tokens, hkv, d, device="cuda", dtype=torch.bfloat16)
+    kv = torch.zeros(2, nblk + 1, bs, hkv, d, device=env.device, dtype=env.dtype)
+    k = env.t(tokens, hkv, d)
     v = torch.randn_like(k)
-    slots = (torch.randperm(nblk, device="cuda") + 1).repeat_interleave(bs) * bs
-    slots = slots + torch.arange(tokens, device="cuda") % bs
+    slots = (torch.randperm(nblk, device=env.device) + 1).repeat_interleave(bs) * bs
+    slots = slots + torch.arange(tokens, device=env.device) % bs
     run = lambda: write_kv_cache(k, v, kv[0], kv[1], slots)  # noqa: E731
     run()
     ref = torch.zeros_like(kv)
@@ -151,38 +170,38 @@ def kv_write_row(tokens=8192, hkv=8, d=128, bs=16) -> Row:
                4 * k.numel() * 2, "GB/s", 2 * t_torch, ok)
 
 
-def rmsnorm_row(row: str, rows: int, hidden: int) -> Row:
+def rmsnorm_row(env: Setup, row: str, rows: int, hidden: int) -> Row:
     from lab.kernels.rmsnorm import rms_norm, rms_norm_ref
 
-    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    x = env.t(rows, hidden)
     res = torch.randn_like(x)
-    w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    w = env.t(hidden)
     y, h = rms_norm(x, w, 1e-6, res)
     y_ref, h_ref = rms_norm_ref(x, w, 1e-6, res)
     ok = torch.allclose(y.float(), y_ref.float(), atol=3e-2, rtol=3e-2) and torch.equal(h, h_ref)
     t_torch = bench(lambda: rms_norm_ref(x, w, 1e-6, res))
-    return Row(row, "RMSNorm + residual", f"{rows}x{hidden} bf16",
+    return Row(row, "RMSNorm + residual", f"{rows}x{hidden}",
                bench(lambda: rms_norm(x, w, 1e-6, res)), 4 * x.numel() * 2, "GB/s", t_torch, ok)
 
 
-def silu_row(row: str, rows: int, inter: int) -> Row:
+def silu_row(env: Setup, row: str, rows: int, inter: int) -> Row:
     from lab.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
 
-    x = torch.randn(rows, 2 * inter, device="cuda", dtype=torch.bfloat16)
+    x = env.t(rows, 2 * inter)
     ok = torch.allclose(silu_and_mul(x).float(), silu_and_mul_ref(x).float(), atol=3e-2, rtol=3e-2)
-    return Row(row, "SiLU and mul", f"{rows}x{inter} bf16", bench(lambda: silu_and_mul(x)),
+    return Row(row, "SiLU and mul", f"{rows}x{inter}", bench(lambda: silu_and_mul(x)),
                1.5 * x.numel() * 2, "GB/s", bench(lambda: silu_and_mul_ref(x)), ok)
 
 
-def rotary_row(row: str, tokens: int, h=32, hkv=8, d=128) -> Row:
+def rotary_row(env: Setup, row: str, tokens: int, h=32, hkv=8, d=128) -> Row:
     from lab.kernels.rotary import rotary_embedding, rotary_embedding_ref
 
-    pos = torch.randint(0, 4096, (tokens,), device="cuda")
-    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
-    ang = torch.arange(4096, device="cuda").float()[:, None] * inv[None]
+    pos = torch.randint(0, 4096, (tokens,), device=env.device)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device=env.device).float() / d))
+    ang = torch.arange(4096, device=env.device).float()[:, None] * inv[None]
     cos, sin = ang.cos(), ang.sin()
-    q = torch.randn(tokens, h, d, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(tokens, hkv, d, device="cuda", dtype=torch.bfloat16)
+    q = env.t(tokens, h, d)
+    k = env.t(tokens, hkv, d)
     qo, ko = rotary_embedding(pos, q.clone(), k.clone(), cos, sin, True)
     qr, kr = rotary_embedding_ref(pos, q.clone(), k.clone(), cos, sin, True)
     ok = torch.allclose(qo.float(), qr.float(), atol=3e-2) and torch.allclose(ko.float(), kr.float(), atol=3e-2)
@@ -192,20 +211,28 @@ def rotary_row(row: str, tokens: int, h=32, hkv=8, d=128) -> Row:
                2 * (q.numel() + k.numel()) * 2, "GB/s", t_torch, ok)
 
 
-def all_rows(quick: bool) -> list[Row]:
+def all_rows(env: Setup, quick: bool) -> list[Row]:
     s = 4 if quick else 1
-    rows = [decode_row("1", 64 // s, 4096), decode_row("2", 1, 32768 // s)]
-    rows += [decode_row("3", b, 1024) for b in (1, 4, 8)]
-    rows += [prefill_row("7", 8192 // s, 8192 // s), prefill_row("7", 16384 // s, 16384 // s),
-             prefill_row("7", 8192 // s, 4096 // s)]
-    rows += [kv_write_row(8192 // s), rmsnorm_row("9", 8192 // s, 4096),
-             rmsnorm_row("10", 256, 4096), silu_row("10", 256, 14336), rotary_row("10", 256),
-             silu_row("11", 8192 // s, 14336)]
+    rows = [decode_row(env, "1", 64 // s, 4096), decode_row(env, "2", 1, 32768 // s)]
+    rows += [decode_row(env, "3", b, 1024) for b in (1, 4, 8)]
+    rows += [prefill_row(env, "7", 8192 // s, 8192 // s), prefill_row(env, "7", 16384 // s, 16384 // s),
+             prefill_row(env, "7", 8192 // s, 4096 // s)]
+    rows += [kv_write_row(env, 8192 // s), rmsnorm_row(env, "9", 8192 // s, 4096),
+             rmsnorm_row(env, "10", 256, 4096), silu_row(env, "10", 256, 14336),
+             rotary_row(env, "10", 256), silu_row(env, "11", 8192 // s, 14336)]
     return rows
 
 
+def smoke_rows(env: Setup) -> list[Row]:
+    """Every row function at tiny shapes (checks the script, not the speed)."""
+    return [decode_row(env, "1", 2, 40, h=4, hkv=2, d=16, bs=4),
+            prefill_row(env, "7", 24, 16, h=4, hkv=2, d=16, bs=4),
+            kv_write_row(env, 32, hkv=2, d=16, bs=4), rmsnorm_row(env, "9", 8, 64),
+            silu_row(env, "11", 8, 48), rotary_row(env, "10", 8, h=4, hkv=2, d=16)]
+
+
 def print_table(rows: list[Row], copy_gbs: float, mm_tflops: float) -> None:
-    gpu = torch.cuda.get_device_name(0)
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke run)"
     print(f"\n{gpu}: measured copy {copy_gbs:.0f} GB/s, bf16 matmul {mm_tflops:.0f} TFLOP/s")
     print(f"{'row':<4}{'kernel':<24}{'shape':<34}{'µs':>9}{'achieved':>16}{'% ceil':>8}"
           f"{'torch µs':>10}{'ok':>5}")
@@ -217,15 +244,21 @@ def print_table(rows: list[Row], copy_gbs: float, mm_tflops: float) -> None:
               f"{100 * rate / ceil:>8.1f}{t:>10}{'yes' if r.ok else 'NO':>5}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smaller shapes (smoke run)")
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("lab.bench.kernels needs CUDA (the Triton interpreter is not a benchmark)")
+    p.add_argument("--quick", action="store_true", help="smaller shapes")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny shapes in fp32 on the CPU interpreter: checks the script only")
+    args = p.parse_args(argv)
     torch.manual_seed(0)
+    if args.smoke:
+        print_table(smoke_rows(Setup("cpu", torch.float32)), 1.0, 1.0)
+        return
+    if not torch.cuda.is_available():
+        raise SystemExit("lab.bench.kernels needs CUDA (the Triton interpreter is not a "
+                         "benchmark); --smoke checks the script on the CPU")
     copy_gbs, mm_tflops = ceilings()
-    print_table(all_rows(args.quick), copy_gbs, mm_tflops)
+    print_table(all_rows(Setup(), args.quick), copy_gbs, mm_tflops)
 
 
 if __name__ == "__main__":
