@@ -133,13 +133,15 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
+            before = len(self.running)
             blocks = self._allocate_or_preempt(req, n, plan)
             if blocks is None:  # the request preempted itself
                 break
             plan.num_tokens[req.request_id] = n
             plan.new_blocks[req.request_id] = [b.block_id for b in blocks]
             plan.budget -= n
-            i = self.running.index(req) + 1  # preemptions may have shifted the list
+            # victims may sit before this request: find it again only after a preemption
+            i = i + 1 if len(self.running) == before else self.running.index(req) + 1
 
     def _allocate_or_preempt(self, req: Request, n: int, plan: _StepPlan):
         """Allocate n slots for a running request, preempting victims until it fits."""
