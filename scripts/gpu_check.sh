@@ -2,21 +2,23 @@
 # The one prepared device check (run on a lent GPU machine from the repo root):
 #   1. installs the carried wheels (scripts/gpu_wheels.sh made them) without network,
 #   2. runs the CUDA correctness tests (pytest -m gpu: bf16 for every kernel),
-#   3. times every kernel against its ceiling and PyTorch (python -m lab.bench.kernels),
-#   4. runs the end-to-end backend comparison (python -m lab.bench.e2e).
+#   3. times every kernel against its ceiling and PyTorch (python3 -m lab.bench.kernels),
+#   4. runs the end-to-end backend comparison (python3 -m lab.bench.e2e).
 # Output goes to $OUT (the device tool returns it) or experiments/results/gpu-<date>/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-experiments/results/gpu-$(date +%Y%m%d-%H%M)}
 mkdir -p "$OUT"
-if [ -d wheels ]; then
-  python -m pip install --quiet --no-index --find-links wheels --no-deps wheels/*.whl 2>&1 | tail -2
+if [ -d wheels ]; then  # no registry there: install the carried wheels beside the image's packages
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site wheels/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
 fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; git rev-parse HEAD 2>/dev/null
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
   > "$OUT/machine.txt" 2>&1
-python -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tail -30 > "$OUT/gpu_tests.txt"
-python -m lab.bench.kernels 2>&1 | tail -40 > "$OUT/kernels.txt"
-python -m lab.bench.e2e 2>&1 | tail -12 > "$OUT/e2e.txt"
+python3 -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tail -30 > "$OUT/gpu_tests.txt"
+python3 -m lab.bench.kernels 2>&1 | tail -40 > "$OUT/kernels.txt"
+python3 -m lab.bench.e2e 2>&1 | tail -12 > "$OUT/e2e.txt"
 cat "$OUT/machine.txt" "$OUT/gpu_tests.txt" "$OUT/e2e.txt" "$OUT/kernels.txt"
