@@ -1,9 +1,10 @@
 from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
-from lab.scheduler.preemption import PreemptionStrategy, RecomputePreemption
-from lab.scheduler.queues import FCFSQueue, RequestQueue
+from lab.scheduler.preemption import PreemptionStrategy, RecomputePreemption, ReservePreemption
+from lab.scheduler.queues import FairQueue, FCFSQueue, PriorityQueue, RequestQueue, SJFQueue
 from lab.scheduler.scheduler import Scheduler, SchedulerConfig
 
 __all__ = [
-    "FCFSQueue", "ModelRunnerOutput", "PreemptionStrategy", "RecomputePreemption",
-    "RequestQueue", "Scheduler", "SchedulerConfig", "SchedulerOutput",
+    "FCFSQueue", "FairQueue", "ModelRunnerOutput", "PreemptionStrategy", "PriorityQueue",
+    "RecomputePreemption", "RequestQueue", "ReservePreemption", "SJFQueue", "Scheduler",
+    "SchedulerConfig", "SchedulerOutput",
 ]

@@ -49,6 +49,7 @@ class _StepPlan:
     new_reqs: list[Request] = field(default_factory=list)
     resumed: set[str] = field(default_factory=set)
     preempted: list[Request] = field(default_factory=list)
+    admitted: dict[str, RequestStatus] = field(default_factory=dict)  # status before admission
 
 
 @dataclass
@@ -112,6 +113,7 @@ class Scheduler:
     # -- schedule ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         self.events = StepEvents()
+        self.waiting.on_step(self.clock())
         plan = _StepPlan(budget=self.config.max_num_batched_tokens)
         self._schedule_running(plan)
         if not plan.preempted:
@@ -155,6 +157,9 @@ class Scheduler:
                 return None
 
     def _preempt(self, victim: Request, plan: _StepPlan) -> None:
+        if victim.request_id in plan.admitted:  # admitted this step: the worker never saw it
+            self._unadmit(victim, plan)
+            return
         self.running.remove(victim)
         given_back = plan.num_tokens.pop(victim.request_id, 0)
         plan.budget += given_back  # a victim scheduled earlier this step returns its budget
@@ -166,18 +171,29 @@ class Scheduler:
         self.events.num_preempted += 1
         self.events.preempted_by_strategy[name] = self.events.preempted_by_strategy.get(name, 0) + 1
 
+    def _unadmit(self, req: Request, plan: _StepPlan) -> None:
+        """Take back an admission made earlier in this step, as if it had not happened."""
+        self.running.remove(req)
+        plan.budget += plan.num_tokens.pop(req.request_id)
+        plan.new_blocks.pop(req.request_id)
+        plan.new_reqs = [r for r in plan.new_reqs if r is not req]
+        plan.resumed.discard(req.request_id)
+        req.status = plan.admitted.pop(req.request_id)
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        self.waiting.prepend(req)
+
     def _schedule_waiting(self, plan: _StepPlan) -> None:
-        while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and plan.budget > 0:
             req = self.waiting.peek()
-            hits, num_hit = [], 0
-            if req.num_computed_tokens == 0:
-                hits, num_hit = self.kv.get_computed_blocks(req)
-            n = min(req.num_tokens - num_hit, plan.budget)
-            threshold = self.config.long_prefill_token_threshold
-            if 0 < threshold < n:
-                n = threshold
-            blocks = self.kv.allocate_slots(req, n, num_hit, hits)
+            if len(self.running) >= self.config.max_num_seqs:
+                if self._make_room(req, plan):
+                    continue
+                break
+            blocks, num_hit, n = self._try_allocate(req, plan.budget)
             if blocks is None:
+                if self._make_room(req, plan):
+                    continue
                 break  # head-of-line blocking keeps the policy's order
             self.waiting.pop()
             self._admit(req, num_hit, plan)
@@ -185,8 +201,30 @@ class Scheduler:
             plan.new_blocks[req.request_id] = self.kv.get_block_ids(req.request_id)
             plan.budget -= n
 
+    def _try_allocate(self, req: Request, budget: int):
+        """Allocate a waiting request's first chunk: (blocks or None, prefix-hit tokens, n)."""
+        if not self.preemption.can_admit(req, self.kv, self.running):
+            return None, 0, 0
+        hits, num_hit = [], 0
+        if req.num_computed_tokens == 0:
+            hits, num_hit = self.kv.get_computed_blocks(req)
+        n = min(req.num_tokens - num_hit, budget)
+        threshold = self.config.long_prefill_token_threshold
+        if 0 < threshold < n:
+            n = threshold
+        return self.kv.allocate_slots(req, n, num_hit, hits), num_hit, n
+
+    def _make_room(self, req: Request, plan: _StepPlan) -> bool:
+        """Let the policy preempt a running request in favour of waiting `req` (priority)."""
+        victim = self.waiting.preempt_for(req, self.running)
+        if victim is None or victim is req:
+            return False
+        self._preempt(victim, plan)
+        return True
+
     def _admit(self, req: Request, num_hit: int, plan: _StepPlan) -> None:
         now = self.clock()
+        plan.admitted[req.request_id] = req.status
         if req.status == RequestStatus.PREEMPTED:
             plan.resumed.add(req.request_id)
             if req.times.preempted_at is not None:
@@ -232,6 +270,7 @@ class Scheduler:
         prefill = max(0, min(n, req.num_prompt_tokens - req.num_computed_tokens))
         self.events.num_prefill_tokens += prefill
         self.events.num_decode_tokens += n - prefill
+        self.waiting.on_scheduled(req, prefill, n - prefill)
 
     def _check_invariants(self, out: SchedulerOutput) -> None:
         assert out.total_num_scheduled_tokens <= self.config.max_num_batched_tokens

@@ -29,7 +29,8 @@ def make_scheduler(num_blocks=32, block_size=4, max_num_seqs=8, budget=32, max_m
                    caching=True, threshold=0, queue=None, preemption=None) -> Scheduler:
     kv = KVCacheManager(num_blocks, block_size, max_model_len, enable_caching=caching)
     cfg = SchedulerConfig(max_num_seqs, budget, max_model_len, threshold)
-    return Scheduler(cfg, kv, queue or FCFSQueue(), preemption or RecomputePreemption(),
+    return Scheduler(cfg, kv, queue if queue is not None else FCFSQueue(),
+                     preemption if preemption is not None else RecomputePreemption(),
                      clock=FakeClock())
 
 
