@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from lab.engine.config import CONF_DIR, GROUPS, compose_config, set_knobs
-from lab.engine.llm_engine import LLMEngine
+from lab.engine.llm_engine import LLMEngine, validate_metadata
 from lab.engine.outputs import RequestOutput
 from lab.sampling.params import SamplingParams
 
@@ -53,16 +53,17 @@ class LLM:
         prios = list(priority) if priority is not None else [0] * len(prompts)
         if len(prios) != len(prompts):
             raise ValueError(f"priority has {len(prios)} entries for {len(prompts)} prompts")
-        for i, p in enumerate(prompts):  # refuse the whole call before anything runs
-            self._check_prompt(i, p)
+        for i, (p, pr) in enumerate(zip(prompts, prios)):  # refuse before anything runs
+            self._check_prompt(i, p, pr)
         ids = [self.engine.add_request(p, sp, priority=pr).request_id
                for p, sp, pr in zip(prompts, params, prios)]
         return self._run(ids, use_tqdm)
 
-    def _check_prompt(self, index: int, prompt: Prompt) -> None:
+    def _check_prompt(self, index: int, prompt: Prompt, priority: object) -> None:
         ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         try:
             self.engine._validate_prompt(ids)
+            validate_metadata(priority, None)
         except ValueError as e:
             raise ValueError(f"prompts[{index}]: {e}") from None
 

@@ -79,6 +79,7 @@ class LLMEngine:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         params = params if params is not None else SamplingParams()
         self._validate_prompt(ids)
+        validate_metadata(priority, client_id)
         rid = request_id if request_id is not None else str(next(self._ids))
         if rid in self.scheduler.requests:
             raise ValueError(f"request_id {rid!r} is already in use")
@@ -134,6 +135,14 @@ class LLMEngine:
                                       req.stop_reason)
         return RequestOutput(req.request_id, self._prompts.get(req.request_id),
                              req.prompt_token_ids, [completion], finished=done)
+
+
+def validate_metadata(priority: object, client_id: object) -> None:
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ValueError(f"priority={priority!r} is invalid: must be an integer "
+                         "(lower values are served first under scheduler=priority)")
+    if client_id is not None and not isinstance(client_id, str):
+        raise ValueError(f"client_id={client_id!r} is invalid: must be a string or None")
 
 
 def resolve_max_model_len(knob: int | None, hf_config, num_blocks: int, block_size: int) -> int:

@@ -88,3 +88,13 @@ def test_bad_model_and_knob_names():
         LLM("no_such_model")
     with pytest.raises(ValueError, match="num_gpu_blocks"):
         LLM("tiny_llama", num_gpu_blockz=4)
+
+
+@pytest.mark.parametrize("priority", [1.5, "high", None, True])
+def test_bad_priority_is_refused_and_others_run(llm, priority):
+    engine = llm.engine
+    with pytest.raises(ValueError, match="priority"):
+        engine.add_request([3, 4], SamplingParams(max_tokens=2), priority=priority)
+    with pytest.raises(ValueError, match="priority"):
+        llm.generate([[3, 4]], SamplingParams(max_tokens=2), priority=[priority])
+    assert len(llm.generate([[3, 4]], SamplingParams(max_tokens=2))[0].outputs[0].token_ids) == 2

@@ -1,0 +1,84 @@
+"""Hypothesis state machine over every queue policy and both non-swapping strategies: random
+arrivals with priorities and clients, lengths, aborts and a tiny cache.
+
+After every step: budgets and max_num_seqs hold; under `priority` no request admitted in the
+step is less important than one left waiting (the head of the queue is the most important, and
+admission stops at the head); under `reserve` nothing is preempted. At the end every request has
+finished with the fake model's exact tokens (unless aborted) and every block is free."""
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from lab.engine.request import RequestStatus
+from lab.scheduler.preemption import RecomputePreemption, ReservePreemption
+from lab.scheduler.queues import FairQueue, FCFSQueue, PriorityQueue, SJFQueue
+from tests.scheduler.fakes import (
+    expected_output,
+    fake_execute,
+    make_request,
+    make_scheduler,
+    run_to_completion,
+)
+
+QUEUES = {"fcfs": FCFSQueue, "priority": PriorityQueue, "sjf": lambda: SJFQueue(0.05),
+          "fair": FairQueue}
+STRATEGIES = {"recompute": RecomputePreemption, "reserve": ReservePreemption}
+BUDGET, MAX_SEQS, MAX_LEN = 12, 3, 32
+
+
+class PolicyMachine(RuleBasedStateMachine):
+    @initialize(queue=st.sampled_from(sorted(QUEUES)), strategy=st.sampled_from(sorted(STRATEGIES)))
+    def setup(self, queue, strategy):
+        self.policy, self.strategy = queue, strategy
+        self.s = make_scheduler(num_blocks=12, block_size=4, max_num_seqs=MAX_SEQS, budget=BUDGET,
+                                max_model_len=MAX_LEN, queue=QUEUES[queue](),
+                                preemption=STRATEGIES[strategy]())
+        self.reqs, self.aborted = [], set()
+
+    @rule(prompt=st.lists(st.integers(1, 6), min_size=1, max_size=18),
+          max_tokens=st.integers(1, 8), priority=st.integers(0, 3), client=st.sampled_from("abc"))
+    def arrive(self, prompt, max_tokens, priority, client):
+        req = make_request(self.s, prompt, max_tokens=max_tokens)
+        self.s.waiting.remove(req)
+        req.priority, req.client_id = priority, client
+        self.s.waiting.add(req)
+        self.reqs.append(req)
+
+    @rule()
+    def step(self):
+        out = self.s.schedule()
+        assert out.total_num_scheduled_tokens <= BUDGET
+        assert len(self.s.running) <= MAX_SEQS
+        if self.strategy == "reserve":
+            assert not out.preempted_req_ids
+        if self.policy == "priority":
+            admitted = [self.s.requests[r.req_id] for r in out.scheduled_new_reqs]
+            admitted += [self.s.requests[c.req_id] for c in out.scheduled_cached_reqs
+                         if c.resumed_from_preemption]
+            for req in admitted:
+                assert all(w.priority >= req.priority for w in self.s.waiting)
+        self.s.update_from_output(out, fake_execute(self.s, out))
+
+    @precondition(lambda self: self.reqs)
+    @rule(data=st.data())
+    def abort(self, data):
+        req = data.draw(st.sampled_from(self.reqs))
+        if not req.is_finished:
+            self.aborted.add(req.request_id)
+        self.s.abort_requests([req.request_id])
+
+    def teardown(self):
+        if not hasattr(self, "s"):
+            return
+        run_to_completion(self.s)
+        for req in self.reqs:
+            if req.request_id in self.aborted:
+                assert req.status == RequestStatus.FINISHED_ABORTED
+                continue
+            want = expected_output(req.prompt_token_ids, req.sampling_params.max_tokens)
+            assert req.output_token_ids == want[: req.num_output_tokens]
+            assert req.num_output_tokens == len(want) or req.num_tokens == MAX_LEN
+        assert self.s.kv.num_free_blocks == self.s.kv.num_blocks - 1
+
+
+TestPolicies = PolicyMachine.TestCase
