@@ -230,8 +230,12 @@ class SJFQueue(_ScanQueue):
     def on_step(self, now: float) -> None:
         self._now = now
 
+    def is_aged(self, request: Request) -> bool:
+        """Has `request` waited at least the aging bound (as of the last on_step)?"""
+        return self._now is not None and self._now - request.arrival_time >= self.aging_bound_s
+
     def _key(self, request: Request) -> tuple[Any, ...]:
-        if self._now is not None and self._now - request.arrival_time >= self.aging_bound_s:
+        if self.is_aged(request):
             return (0, request.arrival_time, request.sort_key())
         return (1, remaining_work(request), request.sort_key())
 

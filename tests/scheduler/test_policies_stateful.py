@@ -3,7 +3,8 @@ arrivals with priorities and clients, lengths, aborts and a tiny cache.
 
 After every step: budgets and max_num_seqs hold; under `priority` no request admitted in the
 step is less important than one left waiting (the head of the queue is the most important, and
-admission stops at the head); under `reserve` nothing is preempted. At the end every request has
+admission stops at the head); under `sjf` no request that has waited past the aging bound is
+passed over by one that has not; under `reserve` nothing is preempted. At the end every request has
 finished with the fake model's exact tokens (unless aborted) and every block is free."""
 
 from hypothesis import strategies as st
@@ -20,7 +21,7 @@ from tests.scheduler.fakes import (
     run_to_completion,
 )
 
-QUEUES = {"fcfs": FCFSQueue, "priority": PriorityQueue, "sjf": lambda: SJFQueue(0.05),
+QUEUES = {"fcfs": FCFSQueue, "priority": PriorityQueue, "sjf": lambda: SJFQueue(0.01),
           "fair": FairQueue}
 STRATEGIES = {"recompute": RecomputePreemption, "reserve": ReservePreemption}
 BUDGET, MAX_SEQS, MAX_LEN = 12, 3, 32
@@ -51,12 +52,14 @@ class PolicyMachine(RuleBasedStateMachine):
         assert len(self.s.running) <= MAX_SEQS
         if self.strategy == "reserve":
             assert not out.preempted_req_ids
+        admitted = [self.s.requests[r.req_id] for r in out.scheduled_new_reqs]
+        admitted += [self.s.requests[c.req_id] for c in out.scheduled_cached_reqs
+                     if c.resumed_from_preemption]
         if self.policy == "priority":
-            admitted = [self.s.requests[r.req_id] for r in out.scheduled_new_reqs]
-            admitted += [self.s.requests[c.req_id] for c in out.scheduled_cached_reqs
-                         if c.resumed_from_preemption]
             for req in admitted:
                 assert all(w.priority >= req.priority for w in self.s.waiting)
+        if self.policy == "sjf" and any(not self.s.waiting.is_aged(r) for r in admitted):
+            assert not any(self.s.waiting.is_aged(w) for w in self.s.waiting)
         self.s.update_from_output(out, fake_execute(self.s, out))
 
     @precondition(lambda self: self.reqs)
