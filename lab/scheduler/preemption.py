@@ -13,6 +13,8 @@ class PreemptionStrategy(ABC):
     """Base class of the `preemption` group."""
 
     name = "base"
+    #: False for admission-control strategies that promise never to preempt
+    preempts = True
 
     @abstractmethod
     def preempt(self, request: Request, kv: KVCacheManager, waiting: RequestQueue) -> None:
@@ -45,6 +47,7 @@ class ReservePreemption(RecomputePreemption):
     The baseline the preempting strategies are compared with."""
 
     name = "reserve"
+    preempts = False  # not even to admit a more important request (scheduler=priority)
 
     def can_admit(self, request: Request, kv: KVCacheManager, running: list[Request]) -> bool:
         outstanding = sum(self._future_blocks(r, kv) for r in running)

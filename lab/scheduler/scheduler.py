@@ -216,6 +216,8 @@ class Scheduler:
 
     def _make_room(self, req: Request, plan: _StepPlan) -> bool:
         """Let the policy preempt a running request in favour of waiting `req` (priority)."""
+        if not self.preemption.preempts:
+            return False
         victim = self.waiting.preempt_for(req, self.running)
         if victim is None or victim is req:
             return False
