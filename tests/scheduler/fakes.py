@@ -77,3 +77,20 @@ def expected_output(prompt: list[int], max_tokens: int) -> list[int]:
     for _ in range(max_tokens):
         tokens.append(fake_token(tokens))
     return tokens[len(prompt):]
+
+
+def check_all_finished(sched: Scheduler, reqs, aborted: set[str], max_model_len: int) -> None:
+    """Run to completion, then: aborted requests are ABORTED, every other one has the fake
+    model's exact tokens (cut only by max_model_len), and every block is free."""
+    from lab.engine.request import RequestStatus
+
+    run_to_completion(sched)
+    for req in reqs:
+        assert req.is_finished
+        if req.request_id in aborted:
+            assert req.status == RequestStatus.FINISHED_ABORTED
+            continue
+        want = expected_output(req.prompt_token_ids, req.sampling_params.max_tokens)
+        assert req.output_token_ids == want[: req.num_output_tokens]
+        assert req.num_output_tokens == len(want) or req.num_tokens == max_model_len
+    assert sched.kv.num_free_blocks == sched.kv.num_blocks - 1

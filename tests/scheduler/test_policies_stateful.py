@@ -10,15 +10,13 @@ finished with the fake model's exact tokens (unless aborted) and every block is 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from lab.engine.request import RequestStatus
 from lab.scheduler.preemption import RecomputePreemption, ReservePreemption
 from lab.scheduler.queues import FairQueue, FCFSQueue, PriorityQueue, SJFQueue
 from tests.scheduler.fakes import (
-    expected_output,
+    check_all_finished,
     fake_execute,
     make_request,
     make_scheduler,
-    run_to_completion,
 )
 
 QUEUES = {"fcfs": FCFSQueue, "priority": PriorityQueue, "sjf": lambda: SJFQueue(0.01),
@@ -73,15 +71,7 @@ class PolicyMachine(RuleBasedStateMachine):
     def teardown(self):
         if not hasattr(self, "s"):
             return
-        run_to_completion(self.s)
-        for req in self.reqs:
-            if req.request_id in self.aborted:
-                assert req.status == RequestStatus.FINISHED_ABORTED
-                continue
-            want = expected_output(req.prompt_token_ids, req.sampling_params.max_tokens)
-            assert req.output_token_ids == want[: req.num_output_tokens]
-            assert req.num_output_tokens == len(want) or req.num_tokens == MAX_LEN
-        assert self.s.kv.num_free_blocks == self.s.kv.num_blocks - 1
+        check_all_finished(self.s, self.reqs, self.aborted, MAX_LEN)
 
 
 TestPolicies = PolicyMachine.TestCase

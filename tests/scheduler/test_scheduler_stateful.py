@@ -8,13 +8,11 @@ finished (with the fake model's exact output unless aborted) and every block is 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from lab.engine.request import RequestStatus
 from tests.scheduler.fakes import (
-    expected_output,
+    check_all_finished,
     fake_execute,
     make_request,
     make_scheduler,
-    run_to_completion,
 )
 
 BUDGET, MAX_SEQS, BLOCK, NUM_BLOCKS, MAX_LEN = 12, 3, 4, 10, 32
@@ -59,17 +57,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert kv.get_block_ids(req.request_id) == []
 
     def teardown(self):
-        run_to_completion(self.s)
-        for req in self.reqs:
-            assert req.is_finished
-            if req.request_id in self.aborted:
-                assert req.status == RequestStatus.FINISHED_ABORTED
-            else:
-                want = expected_output(req.prompt_token_ids, req.sampling_params.max_tokens)
-                n = req.num_output_tokens
-                assert req.output_token_ids == want[:n]
-                assert n == len(want) or req.num_tokens == MAX_LEN
-        assert self.s.kv.num_free_blocks == NUM_BLOCKS - 1
+        check_all_finished(self.s, self.reqs, self.aborted, MAX_LEN)
 
 
 TestScheduler = SchedulerMachine.TestCase
