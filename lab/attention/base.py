@@ -84,6 +84,8 @@ class AttentionBackend(ABC):
     #: the attention kinds this backend supports (see AttentionSpec.kind)
     supported_kinds: tuple[str, ...] = ("mha", "gqa")
     name: str = "base"
+    #: the dimension of a layer's cache tensor that indexes blocks (swap copies whole blocks)
+    block_dim: int = 0
 
     def check_supported(self, spec: AttentionSpec) -> None:
         """Refuse a model whose attention kind this backend does not implement."""
@@ -128,6 +130,8 @@ class PagedKVBackend(AttentionBackend):
     Per layer: (2, num_blocks, block_size, num_kv_heads, head_dim); [0] holds K, [1] holds V, so
     a request's blocks of either are gathered with one contiguous copy per block.
     """
+
+    block_dim = 1
 
     def kv_cache_spec(self, spec: AttentionSpec, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
         elem = torch.empty((), dtype=dtype).element_size()

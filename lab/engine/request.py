@@ -50,6 +50,8 @@ class RequestTimes:
     finished: float | None = None
     preempted_at: float | None = None
     time_preempted: float = 0.0
+    swapped_at: float | None = None
+    time_swapped: float = 0.0
     token_times: list[float] = field(default_factory=list)
 
 

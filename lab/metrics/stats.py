@@ -42,6 +42,9 @@ class StepStats:
     num_evicted_blocks: int = 0
     swap_out_blocks: int = 0
     swap_in_blocks: int = 0
+    swap_out_bytes: int = 0
+    swap_in_bytes: int = 0
+    num_swap_fallbacks: int = 0  # swap victims recomputed because the swap space was full
     num_finished: int = 0
     num_generated_tokens: int = 0  # tokens sampled this step
     schedule_time: float = 0.0
@@ -69,7 +72,8 @@ class RequestStats:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
-    time_preempted: float = 0.0
+    time_preempted: float = 0.0  # preempted (recompute or swapped) until resumed, summed
+    time_swapped: float = 0.0  # of which with the KV blocks parked in the swap space
     priority: int = 0
     client_id: str | None = None
     finish_reason: str | None = None
@@ -108,6 +112,7 @@ class RequestStats:
             num_cached_tokens=max(req.num_cached_tokens, 0),
             num_preemptions=req.num_preemptions,
             time_preempted=t.time_preempted,
+            time_swapped=t.time_swapped,
             priority=req.priority,
             client_id=req.client_id,
             finish_reason=req.finish_reason,
@@ -170,6 +175,9 @@ class RunSummary:
     num_evicted_blocks: int = 0
     swap_out_blocks: int = 0
     swap_in_blocks: int = 0
+    swap_out_bytes: int = 0
+    swap_in_bytes: int = 0
+    num_swap_fallbacks: int = 0
     num_steps: int = 0
     mean_batch_size: float | None = None  # scheduled requests per step that scheduled any
 
@@ -229,6 +237,9 @@ def _fill_steps(
     s.num_evicted_blocks = sum(st.num_evicted_blocks for st in steps)
     s.swap_out_blocks = sum(st.swap_out_blocks for st in steps)
     s.swap_in_blocks = sum(st.swap_in_blocks for st in steps)
+    s.swap_out_bytes = sum(st.swap_out_bytes for st in steps)
+    s.swap_in_bytes = sum(st.swap_in_bytes for st in steps)
+    s.num_swap_fallbacks = sum(st.num_swap_fallbacks for st in steps)
     batches = [st.num_scheduled_reqs for st in steps if st.num_scheduled_reqs > 0]
     s.mean_batch_size = float(np.mean(batches)) if batches else None
 
