@@ -41,10 +41,20 @@ class AttentionSpec:
 class KVCacheSpec:
     """The per-layer KV cache a backend needs: its shape per block and its bytes per token."""
 
-    block_shape: tuple[int, ...]  # shape of one layer's cache; num_blocks is inserted by the backend
+    block_shape: tuple[int, ...]  # shape of one block of one layer
     dtype: torch.dtype
     bytes_per_token: int  # per layer
     block_size: int
+    leading: tuple[int, ...] = ()  # dims before the block dim, e.g. (2,) for split K/V
+
+    @property
+    def block_dim(self) -> int:
+        """The dimension of a layer's cache tensor that indexes blocks."""
+        return len(self.leading)
+
+    def layer_shape(self, num_blocks: int) -> tuple[int, ...]:
+        """One layer's cache: (*leading, num_blocks, *block_shape)."""
+        return (*self.leading, num_blocks, *self.block_shape)
 
     @property
     def page_bytes(self) -> int:
@@ -84,8 +94,6 @@ class AttentionBackend(ABC):
     #: the attention kinds this backend supports (see AttentionSpec.kind)
     supported_kinds: tuple[str, ...] = ("mha", "gqa")
     name: str = "base"
-    #: the dimension of a layer's cache tensor that indexes blocks (swap copies whole blocks)
-    block_dim: int = 0
 
     def check_supported(self, spec: AttentionSpec) -> None:
         """Refuse a model whose attention kind this backend does not implement."""
@@ -102,8 +110,8 @@ class AttentionBackend(ABC):
     def allocate_kv_cache(
         self, kv_spec: KVCacheSpec, num_blocks: int, num_layers: int, device: torch.device
     ) -> list[torch.Tensor]:
-        """One zeroed cache tensor per layer, shaped (num_blocks, *block_shape) by default."""
-        shape = (num_blocks, *kv_spec.block_shape)
+        """One zeroed cache tensor per layer, shaped kv_spec.layer_shape(num_blocks)."""
+        shape = kv_spec.layer_shape(num_blocks)
         return [torch.zeros(shape, dtype=kv_spec.dtype, device=device) for _ in range(num_layers)]
 
     def build_metadata(self, inputs: AttentionInputs) -> object:
@@ -131,8 +139,6 @@ class PagedKVBackend(AttentionBackend):
     a request's blocks of either are gathered with one contiguous copy per block.
     """
 
-    block_dim = 1
-
     def kv_cache_spec(self, spec: AttentionSpec, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
         elem = torch.empty((), dtype=dtype).element_size()
         return KVCacheSpec(
@@ -140,10 +146,5 @@ class PagedKVBackend(AttentionBackend):
             dtype=dtype,
             bytes_per_token=2 * spec.num_kv_heads * spec.head_dim * elem,
             block_size=block_size,
+            leading=(2,),
         )
-
-    def allocate_kv_cache(
-        self, kv_spec: KVCacheSpec, num_blocks: int, num_layers: int, device: torch.device
-    ) -> list[torch.Tensor]:
-        shape = (2, num_blocks, *kv_spec.block_shape)
-        return [torch.zeros(shape, dtype=kv_spec.dtype, device=device) for _ in range(num_layers)]
