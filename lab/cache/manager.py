@@ -8,6 +8,9 @@ Plain Python, no tensors. A request's blocks cover its tokens in this layout:
 
 Full blocks are committed to the prefix cache at scheduling time (before the forward pass), up
 to min(computed + hits + new, request.num_tokens) // block_size blocks.
+
+With a swap space (`swap_space_gb` > 0, used by preemption=swap) a preempted request's computed
+blocks can be parked in CPU memory (see lab/cache/swap.py) instead of being recomputed.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from lab.cache.block import KVCacheBlock
 from lab.cache.block_pool import BlockPool
+from lab.cache.swap import SwapSpace, SwapStep
 
 if TYPE_CHECKING:
     from lab.engine.request import Request
@@ -44,13 +48,20 @@ class KVCacheManager:
     """Allocates and frees a request's blocks over a BlockPool, with prefix caching."""
 
     def __init__(
-        self, num_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True
+        self, num_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True,
+        swap_space_gb: float = 0.0, bytes_per_block: int = 0,
     ) -> None:
         if block_size <= 0 or max_model_len <= 0:
             raise ValueError(f"block_size={block_size}, max_model_len={max_model_len} must be > 0")
+        if not isinstance(swap_space_gb, int | float) or swap_space_gb < 0:
+            raise ValueError(f"cache.swap_space_gb={swap_space_gb!r} is invalid: must be a number "
+                             ">= 0 (GiB of CPU memory for swapped-out KV blocks; 0 = no swap)")
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
+        self.bytes_per_block = bytes_per_block  # KV bytes of one block over all layers
+        num_swap = int(swap_space_gb * 2**30) // bytes_per_block if bytes_per_block > 0 else 0
+        self.swap_space = SwapSpace(num_swap)
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
@@ -188,6 +199,28 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_block.pop(request.request_id, None)
         self.block_pool.free_blocks(reversed(blocks))
+
+    # -- swap ------------------------------------------------------------------------------
+    def swap_out(self, request: Request) -> bool:
+        """Park the request's computed blocks in the swap space and free its device blocks.
+        False (nothing changed) when it has nothing computed or the swap space is too small."""
+        num = cdiv(request.num_computed_tokens, self.block_size)
+        blocks = self.get_block_ids(request.request_id)[:num]
+        if num == 0 or len(blocks) < num:
+            return False
+        if not self.swap_space.swap_out(request.request_id, blocks):
+            return False
+        self.free(request)
+        return True
+
+    def swap_in(self, request: Request) -> None:
+        """Copy a swapped request back into its first device blocks (allocate them first)."""
+        num = len(self.swap_space.req_to_blocks[request.request_id])
+        self.swap_space.swap_in(request.request_id, self.get_block_ids(request.request_id)[:num])
+
+    def take_swap_step(self) -> SwapStep:
+        """This step's swap copies (for the worker) and refusals; see SwapSpace.take_step."""
+        return self.swap_space.take_step()
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block ids in token order (empty if it holds none)."""

@@ -41,9 +41,11 @@ class LLMEngine:
             cfg.num_gpu_blocks, cfg.gpu_memory_utilization, cfg.cpu_kv_cache_gb))
         self.max_model_len = resolve_max_model_len(
             cfg.max_model_len, self.hf_config, self.num_blocks, cfg.block_size)
-        self.executor.initialize_cache(self.num_blocks, self.max_model_len)
         self.kv_bytes_per_token = worker.bytes_per_block // cfg.block_size
-        self.core = EngineCore(self._build_scheduler(cfg), self.executor)
+        scheduler = self._build_scheduler(cfg, worker.bytes_per_block)
+        self.executor.initialize_cache(
+            self.num_blocks, self.max_model_len, num_swap_blocks(scheduler))
+        self.core = EngineCore(scheduler, self.executor)
         self.tokenizer = load_tokenizer(self.model_path)
         self.block_hasher = make_block_hasher(cfg.block_size)
         self.loggers = list(loggers or [])
@@ -52,8 +54,9 @@ class LLMEngine:
         self._prompts: dict[str, str | None] = {}
         self._ids = itertools.count()
 
-    def _build_scheduler(self, cfg: DictConfig) -> Scheduler:
-        kv = instantiate(cfg.cache)(num_blocks=self.num_blocks, max_model_len=self.max_model_len)
+    def _build_scheduler(self, cfg: DictConfig, bytes_per_block: int) -> Scheduler:
+        kv = instantiate(cfg.cache)(num_blocks=self.num_blocks, max_model_len=self.max_model_len,
+                                    bytes_per_block=bytes_per_block)
         config = SchedulerConfig(
             cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len,
             cfg.long_prefill_token_threshold)
@@ -135,6 +138,18 @@ class LLMEngine:
                                       req.stop_reason)
         return RequestOutput(req.request_id, self._prompts.get(req.request_id),
                              req.prompt_token_ids, [completion], finished=done)
+
+
+def num_swap_blocks(scheduler: Scheduler) -> int:
+    """CPU blocks the worker must hold: the swap space, when the preemption strategy uses it."""
+    if not scheduler.preemption.uses_swap_space:
+        return 0
+    n = scheduler.kv.swap_space.num_blocks
+    if n == 0:
+        raise ValueError(f"preemption={scheduler.preemption.name} needs a swap space: set "
+                         "cache.swap_space_gb > 0 (GiB of CPU memory; it holds less than one "
+                         "KV block now)")
+    return n
 
 
 def validate_metadata(priority: object, client_id: object) -> None:

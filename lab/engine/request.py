@@ -19,16 +19,17 @@ from lab.sampling.params import SamplingParams
 class RequestStatus(enum.IntEnum):
     WAITING = 0
     RUNNING = 1
-    PREEMPTED = 2
-    # Everything above PREEMPTED is finished.
-    FINISHED_STOPPED = 3
-    FINISHED_LENGTH_CAPPED = 4
-    FINISHED_ABORTED = 5
-    FINISHED_IGNORED = 6
+    PREEMPTED = 2  # waiting again; its KV blocks were freed (recomputed when it resumes)
+    SWAPPED = 3  # waiting again; its computed KV blocks are parked in the CPU swap space
+    # Everything above SWAPPED is finished.
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH_CAPPED = 5
+    FINISHED_ABORTED = 6
+    FINISHED_IGNORED = 7
 
     @property
     def is_finished(self) -> bool:
-        return self > RequestStatus.PREEMPTED
+        return self > RequestStatus.SWAPPED
 
 
 FINISH_REASONS = {

@@ -19,8 +19,10 @@ class Executor(ABC):
         """How many KV blocks fit (the minimum over workers)."""
 
     @abstractmethod
-    def initialize_cache(self, num_blocks: int, max_model_len: int) -> None:
-        """Allocate the KV cache on every worker."""
+    def initialize_cache(
+        self, num_blocks: int, max_model_len: int, num_swap_blocks: int = 0
+    ) -> None:
+        """Allocate the KV cache (and a CPU swap space of `num_swap_blocks`) on every worker."""
 
     @abstractmethod
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:

@@ -32,7 +32,9 @@ class SimExecutor(Executor):
     def determine_num_blocks(self, sizing: CacheSizing) -> int:
         return sizing.num_gpu_blocks or self.num_blocks
 
-    def initialize_cache(self, num_blocks: int, max_model_len: int) -> None:
+    def initialize_cache(
+        self, num_blocks: int, max_model_len: int, num_swap_blocks: int = 0
+    ) -> None:
         self.num_blocks = num_blocks
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:

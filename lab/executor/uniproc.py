@@ -18,8 +18,10 @@ class UniprocExecutor(Executor):
     def determine_num_blocks(self, sizing: CacheSizing) -> int:
         return self.worker.determine_num_blocks(sizing)
 
-    def initialize_cache(self, num_blocks: int, max_model_len: int) -> None:
-        self.worker.initialize_cache(num_blocks, max_model_len)
+    def initialize_cache(
+        self, num_blocks: int, max_model_len: int, num_swap_blocks: int = 0
+    ) -> None:
+        self.worker.initialize_cache(num_blocks, max_model_len, num_swap_blocks)
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(sched)

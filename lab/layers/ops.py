@@ -40,6 +40,14 @@ class LayerOps:
         """x [..., 2N] laid out | gate | up | -> silu(gate) * up [..., N]."""
         raise NotImplementedError
 
+    def copy_blocks(
+        self, src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor,
+        block_dim: int,
+    ) -> None:
+        """Copy whole KV blocks src[.., src_ids[i], ..] -> dst[.., dst_ids[i], ..] along
+        `block_dim` (same device; used to swap blocks through a staging buffer)."""
+        raise NotImplementedError
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -88,6 +96,11 @@ class TorchOps(LayerOps):
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def copy_blocks(self, src, dst, src_ids, dst_ids, block_dim):
+        from lab.kernels.copy_blocks import copy_blocks_ref
+
+        copy_blocks_ref(src, dst, src_ids, dst_ids, block_dim)
+
 
 class TritonOps(LayerOps):
     """The Triton kernels. Importing them switches Triton to its interpreter when there is no
@@ -115,6 +128,11 @@ class TritonOps(LayerOps):
     def silu_and_mul(self, x):
         self._check(x, "silu_and_mul input")
         return self._silu_and_mul(x)
+
+    def copy_blocks(self, src, dst, src_ids, dst_ids, block_dim):
+        from lab.kernels.copy_blocks import copy_blocks  # bit-exact for every dtype
+
+        copy_blocks(src, dst, src_ids, dst_ids, block_dim)
 
 
 def auto_ops(device: str = "auto") -> LayerOps:

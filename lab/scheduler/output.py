@@ -41,6 +41,10 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int = 0
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    # KV block copies the worker applies before the forward pass: every swap-out, then every
+    # swap-in. swap_out: (device block, cpu block); swap_in: (cpu block, device block).
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

@@ -16,9 +16,13 @@ class PreemptionStrategy(ABC):
     #: False for admission-control strategies that promise never to preempt
     preempts = True
 
+    #: True when the strategy parks KV blocks in the CPU swap space (the worker allocates it)
+    uses_swap_space = False
+
     @abstractmethod
-    def preempt(self, request: Request, kv: KVCacheManager, waiting: RequestQueue) -> None:
-        """Take a running request out of the batch and release (or park) its KV blocks."""
+    def preempt(self, request: Request, kv: KVCacheManager, waiting: RequestQueue) -> str:
+        """Take a running request out of the batch, release (or park) its KV blocks and requeue
+        it. Returns the name of what was done (a strategy may fall back to another)."""
 
     def can_admit(self, request: Request, kv: KVCacheManager, running: list[Request]) -> bool:
         """Admission control: may `request` start now? (Default: whenever blocks allow.)"""
@@ -31,12 +35,37 @@ class RecomputePreemption(PreemptionStrategy):
 
     name = "recompute"
 
-    def preempt(self, request: Request, kv: KVCacheManager, waiting: RequestQueue) -> None:
-        kv.free(request)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
+    def preempt(self, request: Request, kv: KVCacheManager, waiting: RequestQueue) -> str:
+        requeue_for_recompute(request, kv, waiting)
+        return self.name
+
+
+def requeue_for_recompute(request: Request, kv: KVCacheManager, waiting: RequestQueue) -> None:
+    """Free the request's blocks (hashes kept) and put it back at the front of the queue."""
+    kv.free(request)
+    request.status = RequestStatus.PREEMPTED
+    request.num_computed_tokens = 0
+    request.num_preemptions += 1
+    waiting.prepend(request)
+
+
+class SwapPreemption(PreemptionStrategy):
+    """Park the victim's computed KV blocks in the CPU swap space (`cache.swap_space_gb`) and
+    requeue it at the front, so it resumes before new admissions (in the policy's order) by
+    copying its blocks back instead of recomputing them. When the swap space cannot hold them
+    the victim is recomputed instead (counted as a swap fallback)."""
+
+    name = "swap"
+    uses_swap_space = True
+
+    def preempt(self, request: Request, kv: KVCacheManager, waiting: RequestQueue) -> str:
+        if not kv.swap_out(request):
+            requeue_for_recompute(request, kv, waiting)
+            return RecomputePreemption.name
+        request.status = RequestStatus.SWAPPED
         request.num_preemptions += 1
         waiting.prepend(request)
+        return self.name
 
 
 class ReservePreemption(RecomputePreemption):

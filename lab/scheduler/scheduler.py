@@ -49,7 +49,7 @@ class _StepPlan:
     new_reqs: list[Request] = field(default_factory=list)
     resumed: set[str] = field(default_factory=set)
     preempted: list[Request] = field(default_factory=list)
-    admitted: dict[str, RequestStatus] = field(default_factory=dict)  # status before admission
+    admitted: dict[str, tuple[RequestStatus, int]] = field(default_factory=dict)  # state before
 
 
 @dataclass
@@ -60,6 +60,9 @@ class StepEvents:
     preempted_by_strategy: dict[str, int] = field(default_factory=dict)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    swap_out_blocks: int = 0
+    swap_in_blocks: int = 0
+    num_swap_fallbacks: int = 0  # swap-outs refused (swap space full): recomputed instead
 
 
 class Scheduler:
@@ -108,7 +111,13 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
+        """Requests in the waiting queue, swapped ones included."""
         return len(self.waiting)
+
+    @property
+    def num_swapped(self) -> int:
+        """Waiting requests whose KV blocks are parked in the swap space."""
+        return self.kv.swap_space.num_swapped_reqs
 
     # -- schedule ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -165,11 +174,13 @@ class Scheduler:
         plan.budget += given_back  # a victim scheduled earlier this step returns its budget
         plan.new_blocks.pop(victim.request_id, None)
         victim.times.preempted_at = self.clock()
-        self.preemption.preempt(victim, self.kv, self.waiting)
+        action = self.preemption.preempt(victim, self.kv, self.waiting)
+        if victim.status == RequestStatus.SWAPPED:
+            victim.times.swapped_at = victim.times.preempted_at
         plan.preempted.append(victim)
-        name = self.preemption.name
         self.events.num_preempted += 1
-        self.events.preempted_by_strategy[name] = self.events.preempted_by_strategy.get(name, 0) + 1
+        by = self.events.preempted_by_strategy
+        by[action] = by.get(action, 0) + 1
 
     def _unadmit(self, req: Request, plan: _StepPlan) -> None:
         """Take back an admission made earlier in this step, as if it had not happened."""
@@ -178,9 +189,13 @@ class Scheduler:
         plan.new_blocks.pop(req.request_id)
         plan.new_reqs = [r for r in plan.new_reqs if r is not req]
         plan.resumed.discard(req.request_id)
-        req.status = plan.admitted.pop(req.request_id)
+        req.status, req.num_computed_tokens = plan.admitted.pop(req.request_id)
+        if req.status == RequestStatus.SWAPPED:
+            self.kv.swap_space.undo_swap_in(req.request_id)
+            req.times.swapped_at = self.clock()
+        if req.status != RequestStatus.WAITING:
+            req.times.preempted_at = self.clock()
         self.kv.free(req)
-        req.num_computed_tokens = 0
         self.waiting.prepend(req)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
@@ -208,7 +223,7 @@ class Scheduler:
         hits, num_hit = [], 0
         if req.num_computed_tokens == 0:
             hits, num_hit = self.kv.get_computed_blocks(req)
-        n = min(req.num_tokens - num_hit, budget)
+        n = min(req.num_tokens - req.num_computed_tokens - num_hit, budget)
         threshold = self.config.long_prefill_token_threshold
         if 0 < threshold < n:
             n = threshold
@@ -226,29 +241,35 @@ class Scheduler:
 
     def _admit(self, req: Request, num_hit: int, plan: _StepPlan) -> None:
         now = self.clock()
-        plan.admitted[req.request_id] = req.status
-        if req.status == RequestStatus.PREEMPTED:
-            plan.resumed.add(req.request_id)
-            if req.times.preempted_at is not None:
-                req.times.time_preempted += now - req.times.preempted_at
-                req.times.preempted_at = None
-        else:
+        plan.admitted[req.request_id] = (req.status, req.num_computed_tokens)
+        if req.status == RequestStatus.WAITING:
             plan.new_reqs.append(req)
+        else:  # preempted or swapped: the worker still holds its state
+            plan.resumed.add(req.request_id)
+            _resume_times(req, now)
+        if req.status == RequestStatus.SWAPPED:
+            self.kv.swap_in(req)
         if req.times.first_scheduled is None:
             req.times.first_scheduled = now
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = num_hit
         req.status = RequestStatus.RUNNING
-        req.num_computed_tokens = num_hit
+        req.num_computed_tokens += num_hit  # 0 + hits when new or recomputed; kept when swapped
         self.running.append(req)
 
     def _make_output(self, plan: _StepPlan) -> SchedulerOutput:
+        swaps = self.kv.take_swap_step()
         out = SchedulerOutput(
             num_scheduled_tokens=plan.num_tokens,
             total_num_scheduled_tokens=sum(plan.num_tokens.values()),
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids={r.request_id for r in plan.preempted},
+            swap_out=swaps.swap_out,
+            swap_in=swaps.swap_in,
         )
+        self.events.swap_out_blocks = len(swaps.swap_out)
+        self.events.swap_in_blocks = len(swaps.swap_in)
+        self.events.num_swap_fallbacks = swaps.num_refused
         new_ids = {r.request_id for r in plan.new_reqs}
         for req in self.running:
             rid = req.request_id
@@ -319,8 +340,20 @@ class Scheduler:
         req.status = status
         req.times.finished = self.clock()
         self.kv.free(req)
+        self.kv.swap_space.discard(req.request_id)
         self.finished_req_ids.add(req.request_id)
         del self.requests[req.request_id]
+
+
+def _resume_times(req: Request, now: float) -> None:
+    """Add the time since preemption (and since swap-out) to the request's totals."""
+    t = req.times
+    if t.preempted_at is not None:
+        t.time_preempted += now - t.preempted_at
+        t.preempted_at = None
+    if t.swapped_at is not None:
+        t.time_swapped += now - t.swapped_at
+        t.swapped_at = None
 
 
 def _record_token_time(req: Request, now: float) -> None:

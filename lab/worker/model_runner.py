@@ -24,6 +24,7 @@ from lab.scheduler.output import (
     SchedulerOutput,
 )
 from lab.worker.inputs import BatchRows, prepare_inputs
+from lab.worker.swap import BlockSwapper
 
 
 @dataclass
@@ -54,13 +55,18 @@ class ModelRunner:
         self.free_rows = list(range(max_num_reqs - 1, -1, -1))
         self.states: dict[str, CachedRequestState] = {}
         self.kv_caches: list[torch.Tensor] = []
+        self.swapper: BlockSwapper | None = None
         self.sampler = Sampler()
 
-    def initialize_cache(self, kv_caches: list[torch.Tensor]) -> None:
+    def initialize_cache(
+        self, kv_caches: list[torch.Tensor], swapper: BlockSwapper | None = None
+    ) -> None:
         self.kv_caches = kv_caches
+        self.swapper = swapper
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        self._swap(sched)
         self._update_states(sched)
         if sched.is_empty:
             return ModelRunnerOutput()
@@ -82,6 +88,15 @@ class ModelRunner:
         for state, token in zip(states, tokens):
             self._append_token(state, token)
         return ModelRunnerOutput(dict(zip(batch.sampled_req_ids, tokens)))
+
+    def _swap(self, sched: SchedulerOutput) -> None:
+        """Apply the step's KV block swaps (before anything this step writes the cache)."""
+        if not (sched.swap_out or sched.swap_in):
+            return
+        if self.swapper is None:
+            raise RuntimeError("the scheduler asked for KV swaps but this worker has no swap "
+                               "space (preemption=swap needs cache.swap_space_gb > 0)")
+        self.swapper.apply(sched.swap_out, sched.swap_in)
 
     # -- state ---------------------------------------------------------------------------------
     def _update_states(self, sched: SchedulerOutput) -> None:

@@ -14,6 +14,7 @@ from lab.models.loader import load_model, resolve_dtype
 from lab.sampling.params import SamplingParams
 from lab.scheduler.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lab.worker.model_runner import ModelRunner
+from lab.worker.swap import BlockSwapper
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class Worker:
         self.hf_config = None
         self.dtype = None
         self.model = None
+        self.ops = ops
         self._load(model_path, dtype, ops)
         self.runner: ModelRunner | None = None
 
@@ -124,8 +126,14 @@ class Worker:
             self.kv_spec, num_blocks, self.model.num_layers, self.device))
         return runner
 
-    def initialize_cache(self, num_blocks: int, max_model_len: int) -> None:
+    def initialize_cache(
+        self, num_blocks: int, max_model_len: int, num_swap_blocks: int = 0
+    ) -> None:
+        """Allocate the device KV cache, and a CPU swap space of `num_swap_blocks` blocks."""
         self.runner = self._make_runner(num_blocks, max_model_len)
+        if num_swap_blocks > 0:
+            self.runner.swapper = BlockSwapper(
+                self.runner.kv_caches, self.kv_spec, num_swap_blocks, self.ops.copy_blocks)
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(sched)

@@ -6,6 +6,7 @@ import itertools
 
 from lab.cache.hashing import make_block_hasher
 from lab.cache.manager import KVCacheManager
+from lab.cache.swap import SwapSpace
 from lab.engine.request import Request
 from lab.sampling.params import SamplingParams
 from lab.scheduler import FCFSQueue, ModelRunnerOutput, RecomputePreemption, Scheduler
@@ -26,12 +27,48 @@ class FakeClock:
 
 
 def make_scheduler(num_blocks=32, block_size=4, max_num_seqs=8, budget=32, max_model_len=64,
-                   caching=True, threshold=0, queue=None, preemption=None) -> Scheduler:
+                   caching=True, threshold=0, queue=None, preemption=None,
+                   swap_blocks=0) -> Scheduler:
     kv = KVCacheManager(num_blocks, block_size, max_model_len, enable_caching=caching)
+    kv.swap_space = SwapSpace(swap_blocks)
     cfg = SchedulerConfig(max_num_seqs, budget, max_model_len, threshold)
-    return Scheduler(cfg, kv, queue if queue is not None else FCFSQueue(),
-                     preemption if preemption is not None else RecomputePreemption(),
-                     clock=FakeClock())
+    sched = Scheduler(cfg, kv, queue if queue is not None else FCFSQueue(),
+                      preemption if preemption is not None else RecomputePreemption(),
+                      clock=FakeClock())
+    sched.fake_kv = FakeKVContents(block_size)
+    return sched
+
+
+class FakeKVContents:
+    """What a real worker's KV cache would hold: the token id at every slot of every device and
+    CPU block. Each step applies the swaps, writes the scheduled tokens through the block table,
+    then checks every scheduled request reads back exactly its own tokens — so a wrong swap pair,
+    a reused block or a bad prefix hit shows up as a wrong token."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.device: dict[int, list[int | None]] = {}
+        self.cpu: dict[int, list[int | None]] = {}
+
+    def _block(self, store: dict, block_id: int) -> list[int | None]:
+        return store.setdefault(block_id, [None] * self.block_size)
+
+    def step(self, sched: Scheduler, out: SchedulerOutput) -> None:
+        for dev, cpu in out.swap_out:
+            self.cpu[cpu] = list(self._block(self.device, dev))
+        for cpu, dev in out.swap_in:
+            self.device[dev] = list(self._block(self.cpu, cpu))
+        bs = self.block_size
+        for rid, n in out.num_scheduled_tokens.items():
+            req, blocks = sched.requests[rid], sched.kv.get_block_ids(rid)
+            start = req.num_computed_tokens - n  # the scheduler already advanced it
+            for pos in range(start, start + n):
+                self._block(self.device, blocks[pos // bs])[pos % bs] = req.all_token_ids[pos]
+        for rid in out.num_scheduled_tokens:
+            req, blocks = sched.requests[rid], sched.kv.get_block_ids(rid)
+            seen = [self._block(self.device, blocks[p // bs])[p % bs]
+                    for p in range(req.num_computed_tokens)]
+            assert seen == req.all_token_ids[: req.num_computed_tokens], f"{rid} reads wrong KV"
 
 
 _ids = itertools.count()
@@ -52,6 +89,9 @@ def fake_token(tokens: list[int]) -> int:
 
 def fake_execute(sched: Scheduler, out: SchedulerOutput) -> ModelRunnerOutput:
     """Sample for every request whose computed tokens now reach all of its tokens."""
+    fake_kv = getattr(sched, "fake_kv", None)
+    if fake_kv is not None:
+        fake_kv.step(sched, out)
     sampled = {}
     for rid in out.num_scheduled_tokens:
         req = sched.requests[rid]
@@ -94,3 +134,5 @@ def check_all_finished(sched: Scheduler, reqs, aborted: set[str], max_model_len:
         assert req.output_token_ids == want[: req.num_output_tokens]
         assert req.num_output_tokens == len(want) or req.num_tokens == max_model_len
     assert sched.kv.num_free_blocks == sched.kv.num_blocks - 1
+    swap = sched.kv.swap_space
+    assert swap.num_free_blocks == swap.num_blocks and not swap.req_to_blocks

@@ -1,0 +1,112 @@
+"""SwapSpace: the scheduler's accounting of the CPU blocks that hold swapped-out KV blocks.
+
+Plain Python, no tensors: the worker holds the CPU tensors (pinned on CUDA) and copies blocks when
+a SchedulerOutput carries swap pairs. A request's swapped blocks are its first
+cdiv(num_computed_tokens, block_size) device blocks, in token order.
+
+Life of a swap within one step (the worker applies every swap-out before every swap-in, and both
+before the forward pass):
+
+    swap_out(req)   device blocks -> fresh CPU blocks; the device blocks are freed at once
+                    (their data is copied out before anything allocated this step writes them)
+    swap_in(req)    CPU blocks -> the request's new device blocks; the CPU blocks are released
+                    only by take_step() (a swap-out later in the same step must not reuse them
+                    before the swap-in has read them)
+
+Fresh block ids are handed out lazily (a counter plus a free list), so a large swap space costs
+nothing until it is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SwapStep:
+    """What one step swapped: (device, cpu) pairs out, (cpu, device) pairs in, and the swap-outs
+    refused because the swap space was full."""
+
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    num_refused: int = 0
+
+
+class SwapSpace:
+    """`num_blocks` CPU blocks; which requests hold which, and this step's pending copies."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 0:
+            raise ValueError(f"swap space num_blocks={num_blocks} must be >= 0")
+        self.num_blocks = num_blocks
+        self._next_fresh = 0
+        self._free: list[int] = []
+        self.req_to_blocks: dict[str, list[int]] = {}  # swapped-out requests
+        self._pending_in: dict[str, list[int]] = {}  # swapped in this step; released at take_step
+        self._step = SwapStep()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.num_blocks - self._next_fresh + len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by swapped requests or by this step's swap-ins."""
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_swapped_reqs(self) -> int:
+        return len(self.req_to_blocks)
+
+    def holds(self, request_id: str) -> bool:
+        return request_id in self.req_to_blocks
+
+    def swap_out(self, request_id: str, device_blocks: list[int]) -> bool:
+        """Reserve CPU blocks for `device_blocks` and record the copies; False (nothing changed)
+        when the swap space is too small or the request already holds swap blocks."""
+        if request_id in self.req_to_blocks:
+            raise ValueError(f"request {request_id} is already swapped out")
+        if len(device_blocks) > self.num_free_blocks:
+            self._step.num_refused += 1
+            return False
+        cpu = [self._take_one() for _ in device_blocks]
+        self.req_to_blocks[request_id] = cpu
+        self._step.swap_out.extend(zip(device_blocks, cpu))
+        return True
+
+    def swap_in(self, request_id: str, device_blocks: list[int]) -> None:
+        """Record the copies of the request's CPU blocks into `device_blocks` (one per block)."""
+        cpu = self.req_to_blocks.pop(request_id)
+        if len(device_blocks) != len(cpu):
+            self.req_to_blocks[request_id] = cpu
+            raise ValueError(f"request {request_id} swapped {len(cpu)} blocks; "
+                             f"got {len(device_blocks)} device blocks to swap into")
+        self._pending_in[request_id] = cpu
+        self._step.swap_in.extend(zip(cpu, device_blocks))
+
+    def undo_swap_in(self, request_id: str) -> None:
+        """Take back this step's swap-in of the request: it stays swapped out."""
+        cpu = self._pending_in.pop(request_id)
+        dropped = set(cpu)
+        self._step.swap_in = [(c, d) for c, d in self._step.swap_in if c not in dropped]
+        self.req_to_blocks[request_id] = cpu
+
+    def discard(self, request_id: str) -> int:
+        """Forget a swapped request (aborted): its CPU blocks are free again. Returns how many."""
+        cpu = self.req_to_blocks.pop(request_id, [])
+        self._free.extend(cpu)
+        return len(cpu)
+
+    def take_step(self) -> SwapStep:
+        """This step's copies; releases the CPU blocks that this step swapped in."""
+        for cpu in self._pending_in.values():
+            self._free.extend(cpu)
+        self._pending_in.clear()
+        step, self._step = self._step, SwapStep()
+        return step
+
+    def _take_one(self) -> int:
+        if self._free:
+            return self._free.pop()
+        self._next_fresh += 1
+        return self._next_fresh - 1
