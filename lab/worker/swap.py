@@ -20,7 +20,6 @@ from collections.abc import Callable
 import torch
 
 from lab.attention.base import KVCacheSpec
-from lab.kernels.copy_blocks import as_bits
 
 CopyBlocks = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], None]
 
@@ -55,6 +54,8 @@ class BlockSwapper:
             self.swap_in(swap_in)
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        from lab.kernels.copy_blocks import as_bits  # imports triton: only when swapping
+
         dim = self.spec.block_dim
         dev_ids, cpu_ids = self._ids(pairs)
         staging_ids = torch.arange(len(pairs), device=self.device)
@@ -64,6 +65,8 @@ class BlockSwapper:
             as_bits(cpu_cache).index_copy_(dim, cpu_ids, as_bits(staging.cpu()))
 
     def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        from lab.kernels.copy_blocks import as_bits
+
         dim = self.spec.block_dim
         cpu_ids, dev_ids = self._ids(pairs)
         staging_ids = torch.arange(len(pairs), device=self.device)
