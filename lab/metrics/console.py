@@ -94,7 +94,8 @@ class ConsoleLogger(StatLogger):
         return (
             f"Avg prompt throughput: {self._prompt_tokens / elapsed:.1f} tokens/s, "
             f"Avg generation throughput: {self._gen_tokens / elapsed:.1f} tokens/s, "
-            f"Running: {stats.num_running_reqs} reqs, Waiting: {stats.num_waiting_reqs} reqs, "
+            f"Running: {stats.num_running_reqs} reqs, Swapped: {stats.num_swapped_reqs} reqs, "
+            f"Waiting: {stats.num_waiting_reqs} reqs, "
             f"KV cache usage: {100 * stats.kv_cache_usage:.1f}%, "
             f"Prefix cache hit rate: {hit_rate:.1f}%, Preemptions: {self._preemptions}"
         )
@@ -131,7 +132,11 @@ def summary_table(s: RunSummary) -> Table:
         ("E2E p50 / p99", f"{_ms(s.e2e_p50)} / {_ms(s.e2e_p99)} ms"),
         ("peak KV usage", _pct(s.peak_kv_cache_usage)),
         ("prefix-cache hit rate", _pct(s.prefix_cache_hit_rate)),
-        ("preemptions", str(s.num_preemptions)),
+        ("preemptions", str(s.num_preemptions)
+         + "".join(f", {k}={v}" for k, v in sorted(s.preempted_by_strategy.items()))),
+        ("swapped out / in", f"{s.swap_out_blocks} / {s.swap_in_blocks} blocks "
+         f"({s.swap_out_bytes / 2**20:.1f} / {s.swap_in_bytes / 2**20:.1f} MiB), "
+         f"{s.num_swap_fallbacks} fallbacks"),
         ("steps / mean batch", f"{s.num_steps} / {_num(s.mean_batch_size)}"),
     ]
     for name, value in rows:
