@@ -29,11 +29,23 @@ class AttentionSpec:
     num_kv_heads: int
     head_dim: int
     kind: str = "gqa"  # "mha"/"gqa" share one path; "mla" is a latent-cache model
+    # MLA only (kind="mla", see lab/attention/mla.py): one latent "KV head" of width
+    # head_dim = kv_lora_rank + qk_rope_head_dim per token; 0 for other kinds.
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        latent = self.kv_lora_rank + self.qk_rope_head_dim
+        if self.kind == "mla" and (self.num_kv_heads != 1 or self.head_dim != latent):
+            raise ValueError(
+                f"an MLA spec has num_kv_heads=1 and head_dim=kv_lora_rank+qk_rope_head_dim={latent} "
+                f"(got num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim})"
             )
 
 
@@ -98,9 +110,10 @@ class AttentionBackend(ABC):
     def check_supported(self, spec: AttentionSpec) -> None:
         """Refuse a model whose attention kind this backend does not implement."""
         if spec.kind not in self.supported_kinds:
+            hint = "; use attention=triton_mla or attention=torch" if spec.kind == "mla" else ""
             raise ValueError(
                 f"attention={self.name} does not support {spec.kind!r} attention "
-                f"(supported: {', '.join(self.supported_kinds)})"
+                f"(supported: {', '.join(self.supported_kinds)}){hint}"
             )
 
     @abstractmethod

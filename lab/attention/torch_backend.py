@@ -11,6 +11,11 @@ table):
 
     keys:    | 0 ........ c-1 | c ........ c+q-1 |   (j >= seq_len[b] is padding, masked)
     query i:                  ^ position c+i sees keys [0, c+i]
+
+MLA (kind "mla", lab/attention/mla.py) is the reference too: the latent cache holds one row
+| kv_c | k_pe | per token; `forward_mla` writes the step's rows, gathers each request's rows the
+same way, expands them with kv_b_proj into per-head k = | k_nope | k_pe | and v (as transformers
+does), and attends with the same mask.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from lab.attention.base import AttentionInputs, PagedKVBackend
+from lab.attention.mla import MLAAttentionMixin, MLAWeights, write_latent_cache
 
 
 @dataclass
@@ -34,10 +40,11 @@ class TorchAttentionMetadata:
     mask: torch.Tensor  # [B, 1, Q, nblk * block_size] True where query row i may attend key j
 
 
-class TorchAttentionBackend(PagedKVBackend):
+class TorchAttentionBackend(MLAAttentionMixin, PagedKVBackend):
     """Paged attention in plain PyTorch: the reference every other backend is checked against."""
 
     name = "torch"
+    supported_kinds = ("mha", "gqa", "mla")
 
     def build_metadata(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
         device = inputs.query_start_loc.device
@@ -60,17 +67,38 @@ class TorchAttentionBackend(PagedKVBackend):
         md: TorchAttentionMetadata = metadata
         n = md.inputs.num_actual_tokens
         write_kv_cache(kv_cache, k[:n], v[:n], md.inputs.slot_mapping[:n])
-        b = md.inputs.num_reqs
-        decode = md.inputs.max_query_len == 1  # one row per request: no padding needed
-        q_pad = q[:n].unsqueeze(1) if decode else _pad_queries(q[:n], md)
-        key, val = _gather_kv(kv_cache, md.blocks, b)  # [B, Hkv, L, D] each
-        out = F.scaled_dot_product_attention(
-            q_pad.transpose(1, 2), key, val, attn_mask=md.mask, scale=scale,
-            enable_gqa=q.shape[1] != k.shape[1],
-        ).transpose(1, 2)  # [B, Q, H, D]
-        result = q.new_zeros(q.shape)
-        result[:n] = out[:, 0] if decode else out[md.token_req, md.token_row]
-        return result
+        key, val = _gather_kv(kv_cache, md.blocks, md.inputs.num_reqs)  # [B, Hkv, L, D] each
+        return _attend(md, q, key, val, scale)
+
+    def forward_mla(self, layer_idx, q_nope, q_pe, kv_c, k_pe, kv_cache, metadata,
+                    mla: MLAWeights, scale):
+        md: TorchAttentionMetadata = metadata
+        n = md.inputs.num_actual_tokens
+        write_latent_cache(kv_cache, kv_c[:n], k_pe[:n], md.inputs.slot_mapping[:n])
+        b, lat = md.inputs.num_reqs, mla.kv_lora_rank
+        rows = kv_cache.index_select(0, md.blocks).view(-1, kv_cache.shape[-1])  # [B*S, L+R]
+        k_nope, val = mla.expand(rows[:, :lat])  # [B*S, H, N], [B*S, H, V]
+        k_rope = rows[:, None, lat:].expand(-1, mla.num_heads, -1)  # one k_pe for every head
+        key = torch.cat((k_nope, k_rope), dim=-1).unflatten(0, (b, -1))  # [B, S, H, N+R]
+        val = val.unflatten(0, (b, -1))  # [B, S, H, V]
+        q = torch.cat((q_nope, q_pe), dim=-1)
+        return _attend(md, q, key.transpose(1, 2), val.transpose(1, 2), scale)
+
+
+def _attend(md: TorchAttentionMetadata, q: torch.Tensor, key: torch.Tensor, val: torch.Tensor,
+            scale: float) -> torch.Tensor:
+    """Flat queries [T, H, D] over gathered key [B, Hkv, S, D] / val [B, Hkv, S, Dv] with the
+    step's causal mask -> [T, H, Dv] (padding tokens beyond num_actual_tokens are zero)."""
+    n = md.inputs.num_actual_tokens
+    decode = md.inputs.max_query_len == 1  # one row per request: no padding needed
+    q_pad = q[:n].unsqueeze(1) if decode else _pad_queries(q[:n], md)
+    out = F.scaled_dot_product_attention(
+        q_pad.transpose(1, 2), key, val, attn_mask=md.mask, scale=scale,
+        enable_gqa=q.shape[1] != key.shape[1],
+    ).transpose(1, 2)  # [B, Q, H, Dv]
+    result = q.new_zeros(q.shape[0], q.shape[1], val.shape[-1])
+    result[:n] = out[:, 0] if decode else out[md.token_req, md.token_row]
+    return result
 
 
 def _pad_queries(q: torch.Tensor, md: TorchAttentionMetadata) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The `kernels` config group: which implementation the model's norm, rotary and activation use.
+"""The `kernels` config group: which implementation the model's norm, rotary, activation and MoE use.
 
 A `LayerOps` is built once (Hydra: `conf/kernels/*.yaml`) and handed to the model, whose
 RMSNorm / RotaryEmbedding / SiluAndMul layers hold a reference to it (no globals):
@@ -38,6 +38,15 @@ class LayerOps:
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., 2N] laid out | gate | up | -> silu(gate) * up [..., N]."""
+        raise NotImplementedError
+
+    def fused_moe(
+        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """Routed experts of a MoE layer: x [T, hidden], w13 [E, 2I, hidden] (| gate | up |),
+        w2 [E, hidden, I], topk_weights / topk_ids [T, k] -> [T, hidden] in x's dtype,
+        out[t] = sum_j topk_weights[t, j] * w2[e] (silu(gate) * up),  e = topk_ids[t, j]."""
         raise NotImplementedError
 
     def copy_blocks(
@@ -96,6 +105,11 @@ class TorchOps(LayerOps):
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def fused_moe(self, x, w13, w2, topk_weights, topk_ids):
+        from lab.kernels.fused_moe import fused_moe_ref
+
+        return fused_moe_ref(x, w13, w2, topk_weights, topk_ids)
+
     def copy_blocks(self, src, dst, src_ids, dst_ids, block_dim):
         from lab.kernels.copy_blocks import copy_blocks_ref
 
@@ -128,6 +142,12 @@ class TritonOps(LayerOps):
     def silu_and_mul(self, x):
         self._check(x, "silu_and_mul input")
         return self._silu_and_mul(x)
+
+    def fused_moe(self, x, w13, w2, topk_weights, topk_ids):
+        from lab.kernels.fused_moe import fused_moe
+
+        self._check(x, "fused_moe input")
+        return fused_moe(x, w13, w2, topk_weights, topk_ids)
 
     def copy_blocks(self, src, dst, src_ids, dst_ids, block_dim):
         from lab.kernels.copy_blocks import copy_blocks  # bit-exact for every dtype

@@ -13,6 +13,7 @@ from torch import nn
 
 from lab.attention.base import AttentionBackend
 from lab.layers.ops import LayerOps, TorchOps
+from lab.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from lab.models.llama import (
     LlamaForCausalLM,
     MistralForCausalLM,
@@ -22,6 +23,8 @@ from lab.models.llama import (
 from lab.models.weight_utils import safetensors_weights
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,

@@ -9,6 +9,10 @@ linears std 1/sqrt(fan_in), embedding std 1, untied lm_head std 4/sqrt(hidden), 
 1 + 0.1·N(0,1), biases 0.1·N(0,1). Tied models get embedding std 0.3 and a larger final norm
 (logits std ~8), so the input token's own embedding does not dominate ("repeat the last token").
 q/k projections (and q/k norms) get gain 3: peaked attention, so decoding depends on the context.
+MLA (DeepSeek) models get the same gain on q_b_proj, on kv_a_proj_with_mqa (its k_pe part; c_kv
+is normalised) and on the k_nope rows of kv_b_proj; MoE routers (`mlp.gate.weight`) get gain 2
+(router logits std ~2: expert choices are far from ties) and V3's e_score_correction_bias (a
+buffer in transformers) 0.1·N(0,1), drawn after every parameter.
 The `<|eos|>` row of the LM head is zeroed so random models almost never stop by themselves
 (use stop tokens / max_tokens to end generations).
 """
@@ -32,6 +36,7 @@ BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
 SEED = 1234
 TIED_EMBED_STD = 0.3
 QK_GAIN = 3.0  # sharper attention: generations depend on the context, not only the last token
+ROUTER_GAIN = 2.0  # MoE router logits std ~2: top-k expert choices are rarely near-ties
 # GPT-4-style pre-tokenisation (as Qwen2/Llama-3 tokenizers split), so that AutoTokenizer's
 # Qwen2Tokenizer, which rebuilds the pipeline with this regex, encodes exactly like tokenizer.json.
 SPLIT_REGEX = (
@@ -41,6 +46,18 @@ SPLIT_REGEX = (
 
 _TINY = dict(intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048, dtype="float32")
+# DeepSeek (MLA + MoE): yarn with mscale != mscale_all_dim, so both the cos/sin attention factor
+# and the softmax mscale^2 differ from 1; n_group 2 / topk_group 1 routes within half the experts.
+_DEEPSEEK = dict(
+    hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
+    kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+    num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
+    n_group=2, topk_group=1, vocab_size=512, max_position_embeddings=2048,
+    tie_word_embeddings=False, dtype="float32",
+    rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                         original_max_position_embeddings=512, mscale=1.0, mscale_all_dim=0.707,
+                         beta_fast=32, beta_slow=1),
+)
 PRESETS: dict[str, dict] = {
     "tiny_llama": dict(_TINY, architecture="LlamaForCausalLM", model_type="llama", hidden_size=64,
                        head_dim=16, rope_theta=10000.0, tie_word_embeddings=False),
@@ -48,6 +65,15 @@ PRESETS: dict[str, dict] = {
                        head_dim=32, rope_theta=1000000.0, tie_word_embeddings=False),
     "tiny_qwen2": dict(_TINY, architecture="Qwen2ForCausalLM", model_type="qwen2", hidden_size=64,
                        rope_theta=1000000.0, tie_word_embeddings=True),
+    "tiny_deepseek": dict(_DEEPSEEK, architecture="DeepseekV2ForCausalLM", model_type="deepseek_v2",
+                          num_hidden_layers=3, q_lora_rank=48, topk_method="group_limited_greedy",
+                          routed_scaling_factor=1.5),
+    "tiny_deepseek_lite": dict(_DEEPSEEK, architecture="DeepseekV2ForCausalLM",
+                               model_type="deepseek_v2", num_hidden_layers=2, q_lora_rank=None,
+                               topk_method="greedy"),
+    "tiny_deepseek_v3": dict(_DEEPSEEK, architecture="DeepseekV3ForCausalLM", model_type="deepseek_v3",
+                             num_hidden_layers=3, q_lora_rank=48, norm_topk_prob=True,
+                             routed_scaling_factor=2.5),
     "bench_llama": dict(architecture="LlamaForCausalLM", model_type="llama", hidden_size=512,
                         intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
                         num_key_value_heads=2, vocab_size=16384, max_position_embeddings=4096,
@@ -113,10 +139,11 @@ def hf_config(spec: dict):
     """The transformers config of a preset spec."""
     from transformers import AutoConfig
 
-    fields = {k: v for k, v in spec.items() if k not in ("architecture", "model_type", "rope_theta")}
+    own = ("architecture", "model_type", "rope_theta", "rope_parameters")
+    fields = {k: v for k, v in spec.items() if k not in own}
+    rope = spec.get("rope_parameters") or {"rope_type": "default", "rope_theta": spec["rope_theta"]}
     return AutoConfig.for_model(
-        spec["model_type"], architectures=[spec["architecture"]],
-        rope_parameters={"rope_type": "default", "rope_theta": spec["rope_theta"]},
+        spec["model_type"], architectures=[spec["architecture"]], rope_parameters=dict(rope),
         bos_token_id=BOS_ID, eos_token_id=EOS_ID, hidden_act="silu", rms_norm_eps=1e-6, **fields,
     )
 
@@ -139,6 +166,9 @@ def redraw_weights(model: torch.nn.Module, config) -> None:
     for name, param in sorted(model.named_parameters()):
         value = torch.randn(param.shape, generator=gen, dtype=torch.float32)
         param.copy_(_scale(name, param.shape, config, value))
+    for name, buf in sorted(model.named_buffers()):
+        if name.endswith("e_score_correction_bias"):  # V3 router: a buffer, not a parameter
+            buf.copy_(0.1 * torch.randn(buf.shape, generator=gen, dtype=torch.float32))
     model.get_output_embeddings().weight[EOS_ID] = 0.0
 
 
@@ -157,7 +187,15 @@ def _scale(name: str, shape: torch.Size, config, noise: torch.Tensor) -> torch.T
         return (TIED_EMBED_STD if tied else 1.0) * noise
     if "lm_head" in name:
         return noise * 4.0 / config.hidden_size**0.5
-    gain = QK_GAIN if name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
+    if name.endswith("mlp.gate.weight"):
+        return ROUTER_GAIN * noise / shape[-1] ** 0.5
+    if name.endswith("kv_b_proj.weight"):  # rows per head | k_nope | v |: gain on k_nope only
+        heads, nope = config.num_attention_heads, config.qk_nope_head_dim
+        gain = torch.ones(heads, shape[0] // heads, 1)
+        gain[:, :nope] = QK_GAIN
+        return (gain * noise.view(heads, -1, shape[-1])).view(shape) / shape[-1] ** 0.5
+    qk = ("q_proj.weight", "k_proj.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight")
+    gain = QK_GAIN if name.endswith(qk) else 1.0
     return gain * noise / shape[-1] ** 0.5
 
 
