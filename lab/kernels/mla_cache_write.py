@@ -1,0 +1,80 @@
+"""MLA latent-cache write: scatter the step's | kv_c | k_pe | rows into the paged latent cache.
+
+Cache layout per layer: kv_cache [num_blocks, block_size, L + R]; token t's row goes to block
+slot // block_size, offset slot % block_size, laid out | kv_c (L, normalised) | k_pe (R, rotated) |.
+Slots < 0 (padding) are skipped; values are cast to the cache dtype on store.
+
+Grid (cdiv(T, BLOCK_T),): one program writes BLOCK_T whole rows; the row width is padded to a
+power of two (BLOCK_W >= L + R, masked), so L and R need not be powers of two (DeepSeek: 512 + 64).
+The PyTorch reference is `lab.attention.mla.write_latent_cache` (the `attention=torch` path).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from lab.attention.mla import write_latent_cache as write_latent_cache_ref  # noqa: F401
+from lab.kernels import interpreter_active, num_warps_for
+
+_MAX_TILE = 4096  # elements per program on a GPU
+
+
+@triton.jit
+def _latent_write_kernel(
+    c_ptr, pe_ptr, cache_ptr, slot_ptr, num_tokens, lora, rope,
+    stride_ct, stride_pt, stride_cb, stride_co,
+    BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    slot = tl.load(slot_ptr + toks, mask=toks < num_tokens, other=-1).to(tl.int64)
+    valid = slot >= 0
+    cols = tl.arange(0, BLOCK_W)
+    is_c = cols < lora
+    is_pe = (cols >= lora) & (cols < lora + rope)
+    t64 = toks.to(tl.int64)
+    c = tl.load(c_ptr + t64[:, None] * stride_ct + cols[None, :],
+                mask=valid[:, None] & is_c[None, :], other=0.0)
+    pe = tl.load(pe_ptr + t64[:, None] * stride_pt + (cols - lora)[None, :],
+                 mask=valid[:, None] & is_pe[None, :], other=0.0)
+    row = tl.where(is_c[None, :], c, pe)
+    dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_co
+    tl.store(cache_ptr + dst[:, None] + cols[None, :], row.to(cache_ptr.dtype.element_ty),
+             mask=valid[:, None] & (is_c | is_pe)[None, :])
+
+
+def write_latent_cache(
+    kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write rows | kv_c [T, L] | k_pe [T, R] | into kv_cache [num_blocks, block_size, L + R]
+    at slot_mapping [T] (slots < 0 skipped)."""
+    _check_args(kv_c, k_pe, kv_cache, slot_mapping)
+    t, lora = kv_c.shape
+    rope = k_pe.shape[1]
+    if t == 0:
+        return
+    width = triton.next_power_of_2(lora + rope)
+    cap = 1 << 16 if interpreter_active() else _MAX_TILE  # the interpreter pays per program
+    block_t = max(1, min(triton.next_power_of_2(t), cap // width))
+    _latent_write_kernel[(triton.cdiv(t, block_t),)](
+        kv_c, k_pe, kv_cache, slot_mapping, t, lora, rope,
+        kv_c.stride(0), k_pe.stride(0), kv_cache.stride(0), kv_cache.stride(1),
+        BLOCK_SIZE=kv_cache.shape[1], BLOCK_T=block_t, BLOCK_W=width,
+        num_warps=num_warps_for(block_t * width),
+    )
+
+
+def _check_args(kv_c, k_pe, kv_cache, slot_mapping) -> None:
+    if kv_c.dim() != 2 or k_pe.dim() != 2 or kv_cache.dim() != 3:
+        raise ValueError(f"expected kv_c [T, L], k_pe [T, R], kv_cache [N, block_size, L + R]; "
+                         f"got {tuple(kv_c.shape)}, {tuple(k_pe.shape)}, {tuple(kv_cache.shape)}")
+    t = kv_c.shape[0]
+    if k_pe.shape[0] != t or slot_mapping.shape != (t,):
+        raise ValueError(f"kv_c, k_pe and slot_mapping must have {t} tokens")
+    if kv_cache.shape[2] != kv_c.shape[1] + k_pe.shape[1]:
+        raise ValueError(f"kv_cache rows hold {kv_cache.shape[2]} values, not L + R = "
+                         f"{kv_c.shape[1]} + {k_pe.shape[1]}")
+    for name, x in (("kv_c", kv_c), ("k_pe", k_pe), ("kv_cache", kv_cache)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension")
