@@ -150,6 +150,50 @@ def _causal_mask(new: int, ctx: int, device: str) -> torch.Tensor:
     return torch.arange(ctx, device=device)[None, :] <= qpos
 
 
+def mla_row(env: Setup, row: str, batch: int, ctx: int, h: int, lora=512, rope=64, bs=64,
+            unit="GB/s") -> Row:
+    """Rows 5/6: absorbed MLA decode over a scattered latent cache [blocks, bs, L + R].
+
+    GB/s counts the latent cache read + q + out; TFLOP/s counts QK (L + R wide) and PV (L wide).
+    Torch: SDPA over the dense gathered latents, the H heads as the query rows of one KV head.
+    """
+    from lab.kernels.mla_decode import (
+        DecodeWorkspace,
+        mla_decode_attention,
+        mla_decode_attention_ref,
+        mla_head_blocks,
+    )
+    from lab.kernels.paged_decode import choose_num_splits
+
+    nblk = math.ceil(ctx / bs)
+    bt = (torch.randperm(batch * nblk, device=env.device).int() + 1).view(batch, nblk)
+    cache = env.t(batch * nblk + 1, bs, lora + rope)
+    q = env.t(batch, h, lora + rope)
+    q_nope, q_pe = q[..., :lora], q[..., lora:]
+    out = env.t(batch, h, lora)
+    seq_lens = torch.full((batch,), ctx, device=env.device, dtype=torch.int32)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if env.device == "cuda" else 8
+    splits = choose_num_splits(batch, ctx, num_sms=sms, num_kv_heads=mla_head_blocks(h))
+    scale = (128 + rope) ** -0.5  # DeepSeek: qk_nope_head_dim 128 + rope
+    ws = DecodeWorkspace()
+
+    def run():
+        mla_decode_attention(q_nope, q_pe, cache, out, seq_lens, bt, scale, splits, ws)
+
+    run()
+    ref = mla_decode_attention_ref(q_nope, q_pe, cache, seq_lens, bt, scale)
+    ok = torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    dense = cache[bt.long()].reshape(batch, 1, -1, lora + rope)[:, :, :ctx]  # [B, 1, ctx, L+R]
+    v = dense[..., :lora].contiguous()
+    qd = q.view(batch, 1, h, lora + rope)
+    t_torch = bench(lambda: F.scaled_dot_product_attention(qd, dense, v, scale=scale))
+    es = cache.element_size()
+    work = (2 * batch * h * ctx * (lora + rope) + 2 * batch * h * ctx * lora if unit == "TFLOP/s"
+            else (batch * ctx * (lora + rope) + q.numel() + out.numel()) * es)
+    return Row(row, f"MLA decode (S={splits})", f"B={batch} ctx={ctx} h{h} L{lora}+R{rope} bs{bs}",
+               bench(run), work, unit, t_torch, ok)
+
+
 def kv_write_row(env: Setup, tokens=8192, hkv=8, d=128, bs=16) -> Row:
     from lab.kernels.kv_cache_write import write_kv_cache, write_kv_cache_ref
 
@@ -211,24 +255,80 @@ def rotary_row(env: Setup, row: str, tokens: int, h=32, hkv=8, d=128) -> Row:
                2 * (q.numel() + k.numel()) * 2, "GB/s", t_torch, ok)
 
 
+# -- fused MoE (rows 19-21) ------------------------------------------------------------------------
+def moe_setup(env: Setup, tokens: int, hidden: int, inter: int, experts: int, top_k: int):
+    """Expert weights (scaled so activations stay O(1)) and a softmax top-k routing."""
+    x = env.t(tokens, hidden)
+    w13 = env.t(experts, 2 * inter, hidden) * hidden**-0.5
+    w2 = env.t(experts, hidden, inter) * inter**-0.5
+    logits = torch.randn(tokens, experts, device=env.device)
+    topk_w, topk_ids = logits.softmax(-1).topk(top_k, dim=-1)
+    return x, w13, w2, topk_w, topk_ids.int()
+
+
+def moe_row(env: Setup, row: str, tokens: int, hidden=2048, inter=768, experts=128,
+            top_k=8) -> Row:
+    """Row 19 (prefill, TFLOP/s) or 20 (decode, GB/s over the weights of the touched experts);
+    checked against `fused_moe_ref` (per-expert torch GEMMs), which is also the torch time."""
+    from lab.kernels.fused_moe import fused_moe, fused_moe_ref
+
+    args = moe_setup(env, tokens, hidden, inter, experts, top_k)
+    out = fused_moe(*args)
+    ref = fused_moe_ref(*args)
+    ok = torch.allclose(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
+    t_torch = bench(lambda: fused_moe_ref(*args))
+    shape = f"T={tokens} E={experts} top{top_k} h{hidden} I{inter}"
+    if row == "20":  # memory-bound: every touched expert's w13 and w2 are read once
+        touched = args[4].unique().numel()
+        nbytes = touched * 3 * inter * hidden * args[1].element_size() + 2 * args[0].nbytes
+        return Row(row, "fused MoE decode", shape, bench(lambda: fused_moe(*args)), nbytes,
+                   "GB/s", t_torch, ok)
+    flops = 2 * tokens * top_k * (hidden * 2 * inter + inter * hidden)
+    return Row(row, "fused MoE prefill", shape, bench(lambda: fused_moe(*args)), flops,
+               "TFLOP/s", t_torch, ok)
+
+
+def moe_align_row(env: Setup, tokens=256, experts=128, top_k=8) -> Row:
+    """Row 21: align/sort alone (µs; GB/s on ids read + sorted ids and block experts written)."""
+    from lab.kernels.fused_moe import pick_config
+    from lab.kernels.moe_align import moe_align, moe_align_ref
+
+    ids = moe_setup(env, tokens, 16, 16, experts, top_k)[4]
+    bm = pick_config(ids.numel(), experts, 2048, 768)["BLOCK_M"]
+    out = moe_align(ids, experts, bm)
+    ok = all(torch.equal(a, b) for a, b in zip(out, moe_align_ref(ids, experts, bm)))
+    nbytes = ids.nbytes + out[0].nbytes + out[1].nbytes
+    return Row("21", "MoE align (sort)", f"T={tokens} E={experts} top{top_k} BLOCK_M={bm}",
+               bench(lambda: moe_align(ids, experts, bm)), nbytes, "GB/s",
+               bench(lambda: moe_align_ref(ids, experts, bm)), ok)
+
+
 def all_rows(env: Setup, quick: bool) -> list[Row]:
     s = 4 if quick else 1
     rows = [decode_row(env, "1", 64 // s, 4096), decode_row(env, "2", 1, 32768 // s)]
     rows += [decode_row(env, "3", b, 1024) for b in (1, 4, 8)]
+    rows += [mla_row(env, "5", 64 // s, 4096, h=16),
+             mla_row(env, "6", 64 // s, 4096, h=128, unit="TFLOP/s")]
     rows += [prefill_row(env, "7", 8192 // s, 8192 // s), prefill_row(env, "7", 16384 // s, 16384 // s),
              prefill_row(env, "7", 8192 // s, 4096 // s)]
     rows += [kv_write_row(env, 8192 // s), rmsnorm_row(env, "9", 8192 // s, 4096),
              rmsnorm_row(env, "10", 256, 4096), silu_row(env, "10", 256, 14336),
              rotary_row(env, "10", 256), silu_row(env, "11", 8192 // s, 14336)]
+    rows += [moe_row(env, "19", 16384 // s), moe_row(env, "20", 64), moe_align_row(env, 256)]
     return rows
 
 
 def smoke_rows(env: Setup) -> list[Row]:
     """Every row function at tiny shapes (checks the script, not the speed)."""
     return [decode_row(env, "1", 2, 40, h=4, hkv=2, d=16, bs=4),
+            mla_row(env, "5", 2, 40, h=4, lora=24, rope=8, bs=4),
+            mla_row(env, "6", 2, 40, h=20, lora=16, rope=8, bs=4, unit="TFLOP/s"),
             prefill_row(env, "7", 24, 16, h=4, hkv=2, d=16, bs=4),
             kv_write_row(env, 32, hkv=2, d=16, bs=4), rmsnorm_row(env, "9", 8, 64),
-            silu_row(env, "11", 8, 48), rotary_row(env, "10", 8, h=4, hkv=2, d=16)]
+            silu_row(env, "11", 8, 48), rotary_row(env, "10", 8, h=4, hkv=2, d=16),
+            moe_row(env, "19", 12, hidden=32, inter=24, experts=4, top_k=2),
+            moe_row(env, "20", 3, hidden=32, inter=24, experts=4, top_k=2),
+            moe_align_row(env, 8, experts=4, top_k=2)]
 
 
 def print_table(rows: list[Row], copy_gbs: float, mm_tflops: float) -> None:
