@@ -28,3 +28,19 @@ def test_run_py_writes_statistics(tmp_path):
     assert all(s["kv_blocks_used"] <= s["kv_blocks_total"] == 55 for s in steps)
     config = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert config["num_gpu_blocks"] == 56 and config["cache"]["block_size"] == 4
+
+
+def test_run_py_design_card_command_on_the_embedded_deepseek(tmp_path):
+    """`python run.py attention=triton_mla scheduler=priority preemption=swap` picks the embedded
+    MLA model by itself and completes (Triton's interpreter on CPU), swapping under pressure."""
+    cmd = [sys.executable, "run.py", "attention=triton_mla", "scheduler=priority",
+           "preemption=swap", "workload.num_requests=8", "workload.num_priorities=2",
+           "workload.rate=100",
+           "num_gpu_blocks=48", "block_size=4", "logger=[jsonl]", f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert config["model"]["name"] == "tiny_deepseek"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["num_requests"] == 8 and summary["num_finished"] == {"length": 8}
+    assert summary["num_preemptions"] > 0 and summary["swap_out_blocks"] > 0
