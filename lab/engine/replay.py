@@ -6,7 +6,7 @@ import logging
 import time
 
 from lab.engine.llm_engine import LLMEngine
-from lab.metrics.stats import RunSummary, summarize
+from lab.metrics.stats import SLO, RunSummary, summarize
 from lab.workloads.base import WorkloadRequest
 
 log = logging.getLogger(__name__)
@@ -16,7 +16,9 @@ def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
     """Feed requests at their arrival offsets, step until all finish, return the summary.
 
     A request the engine rejects (e.g. too long) is logged and skipped; the others run on.
+    Goodput is measured against the config's `slo:` block.
     """
+    slo = SLO.from_config(engine.cfg.get("slo"))  # refuse a bad block before the run
     pending = sorted(requests, key=lambda r: r.arrival_time)
     start = time.perf_counter()
     i, rejected = 0, 0
@@ -32,7 +34,7 @@ def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
     wall = time.perf_counter() - start
     if rejected:
         log.warning("%d request(s) were rejected", rejected)
-    summary = summarize(engine.step_stats, engine.request_stats, wall)
+    summary = summarize(engine.step_stats, engine.request_stats, wall, slo)
     summary.num_rejected = rejected
     return summary
 

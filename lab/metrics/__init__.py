@@ -4,7 +4,7 @@ from lab.metrics.base import StatLogger
 from lab.metrics.console import ConsoleLogger
 from lab.metrics.jsonl import JsonlLogger
 from lab.metrics.memory import InMemoryLogger
-from lab.metrics.stats import RequestStats, RunSummary, StepStats, summarize
+from lab.metrics.stats import SLO, RequestStats, RunSummary, StepStats, summarize
 
 __all__ = [
     "ConsoleLogger",
@@ -12,6 +12,7 @@ __all__ = [
     "JsonlLogger",
     "RequestStats",
     "RunSummary",
+    "SLO",
     "StatLogger",
     "StepStats",
     "summarize",

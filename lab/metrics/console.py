@@ -130,6 +130,8 @@ def summary_table(s: RunSummary) -> Table:
         ("TPOT p50 / p99", f"{_ms(s.tpot_p50)} / {_ms(s.tpot_p99)} ms"),
         ("ITL p50 / p99", f"{_ms(s.itl_p50)} / {_ms(s.itl_p99)} ms"),
         ("E2E p50 / p99", f"{_ms(s.e2e_p50)} / {_ms(s.e2e_p99)} ms"),
+        ("goodput (SLOs)", f"{_num(s.request_goodput)} req/s, "
+         f"{_pct(s.slo_attainment)} met {slo_text(s)}"),
         ("peak KV usage", _pct(s.peak_kv_cache_usage)),
         ("prefix-cache hit rate", _pct(s.prefix_cache_hit_rate)),
         ("preemptions", str(s.num_preemptions)
@@ -142,6 +144,13 @@ def summary_table(s: RunSummary) -> Table:
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def slo_text(s: RunSummary) -> str:
+    """The SLO bounds of a summary, e.g. 'TTFT<=1000ms TPOT<=100ms' ('no bounds' when none)."""
+    bounds = [(n, b) for n, b in (("TTFT", s.slo_ttft_s), ("TPOT", s.slo_tpot_s),
+                                  ("E2E", s.slo_e2e_s)) if b is not None]
+    return " ".join(f"{n}<={1e3 * b:g}ms" for n, b in bounds) or "no bounds"
 
 
 def _num(x: float | None) -> str:

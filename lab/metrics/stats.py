@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -180,19 +180,80 @@ class RunSummary:
     num_swap_fallbacks: int = 0
     num_steps: int = 0
     mean_batch_size: float | None = None  # scheduled requests per step that scheduled any
+    slo_ttft_s: float | None = None  # the SLO bounds goodput was measured against (None: none)
+    slo_tpot_s: float | None = None
+    slo_e2e_s: float | None = None
+    num_good_requests: int = 0  # finished requests that met every SLO bound
+    slo_attainment: float | None = None  # num_good_requests / num_requests
+    request_goodput: float | None = None  # num_good_requests / wall_time (req/s)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class SLO:
+    """Latency bounds for goodput (DistServe): a request is *good* when it finished normally
+    (stop or length) and meets every bound; None means no bound on that latency.
+
+    TTFT and E2E compare with the request's own values; TPOT too, except that a request with a
+    single output token has no TPOT and so meets any TPOT bound. With no bound at all, every
+    normally finished request is good (goodput = request throughput less aborted requests).
+    """
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
+                raise ValueError(f"slo.{f.name}={v!r} must be a positive number of seconds or null")
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any] | None) -> SLO:
+        """From the `slo:` block of conf/config.yaml (a mapping; missing or None: no bounds)."""
+        cfg = dict(cfg or {})
+        unknown = sorted(set(cfg) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown slo keys {unknown}: use ttft_s, tpot_s, e2e_s")
+        return cls(**cfg)
+
+    def is_met_by(self, r: RequestStats) -> bool:
+        if r.finish_reason not in ("stop", "length"):
+            return False
+        return (_within(r.ttft, self.ttft_s, missing_ok=False)
+                and _within(r.tpot, self.tpot_s, missing_ok=True)
+                and _within(r.e2e_latency, self.e2e_s, missing_ok=False))
+
+
+def _within(value: float | None, bound: float | None, missing_ok: bool) -> bool:
+    if bound is None:
+        return True
+    return missing_ok if value is None else value <= bound
+
+
 def summarize(
-    steps: Sequence[StepStats], requests: Sequence[RequestStats], wall_time: float
+    steps: Sequence[StepStats], requests: Sequence[RequestStats], wall_time: float,
+    slo: SLO | None = None,
 ) -> RunSummary:
-    """Aggregate step and finished-request records of a run of `wall_time` seconds."""
+    """Aggregate step and finished-request records of a run of `wall_time` seconds; goodput
+    counts the requests that meet `slo` (default: no bounds)."""
     s = RunSummary(num_requests=len(requests), wall_time=wall_time, num_steps=len(steps))
     _fill_requests(s, requests)
     _fill_steps(s, steps, requests)
+    _fill_goodput(s, requests, slo if slo is not None else SLO())
     return s
+
+
+def _fill_goodput(s: RunSummary, requests: Sequence[RequestStats], slo: SLO) -> None:
+    s.slo_ttft_s, s.slo_tpot_s, s.slo_e2e_s = slo.ttft_s, slo.tpot_s, slo.e2e_s
+    s.num_good_requests = sum(slo.is_met_by(r) for r in requests)
+    if requests:
+        s.slo_attainment = s.num_good_requests / len(requests)
+    if s.wall_time > 0:
+        s.request_goodput = s.num_good_requests / s.wall_time
 
 
 def _fill_requests(s: RunSummary, requests: Sequence[RequestStats]) -> None:
