@@ -36,6 +36,9 @@ def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
         log.warning("%d request(s) were rejected", rejected)
     summary = summarize(engine.step_stats, engine.request_stats, wall, slo)
     summary.num_rejected = rejected
+    summary.num_kv_blocks = engine.num_blocks - 1
+    summary.kv_block_size = engine.cfg.block_size
+    summary.kv_bytes_per_token = engine.kv_bytes_per_token
     return summary
 
 

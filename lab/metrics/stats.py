@@ -141,6 +141,9 @@ class RunSummary:
 
     num_requests: int = 0  # finished requests (aborted ones included)
     num_rejected: int = 0  # requests the engine refused at admission (e.g. too long)
+    num_kv_blocks: int = 0  # usable KV blocks of the run (the null block excluded)
+    kv_block_size: int = 0  # tokens per block
+    kv_bytes_per_token: int = 0  # KV-cache bytes one token takes over all layers
     num_finished: dict[str, int] = field(default_factory=dict)  # by finish reason
     total_prompt_tokens: int = 0
     total_output_tokens: int = 0

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import yaml
 
+from lab.models.tiny import preset
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -26,6 +28,8 @@ def test_run_py_writes_statistics(tmp_path):
     assert sum(r["num_output_tokens"] for r in requests) == summary["total_output_tokens"]
     assert sum(s["num_preempted"] for s in steps) == summary["num_preemptions"] > 0
     assert all(s["kv_blocks_used"] <= s["kv_blocks_total"] == 55 for s in steps)
+    assert summary["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # layers x K,V x heads x dim x fp32
+    assert "bytes/token" in out
     config = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert config["num_gpu_blocks"] == 56 and config["cache"]["block_size"] == 4
 
@@ -44,3 +48,7 @@ def test_run_py_design_card_command_on_the_embedded_deepseek(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["num_requests"] == 8 and summary["num_finished"] == {"length": 8}
     assert summary["num_preemptions"] > 0 and summary["swap_out_blocks"] > 0
+    spec = preset("tiny_deepseek")  # one latent row (kv_lora_rank + rope dims) per token
+    latent = spec["kv_lora_rank"] + spec["qk_rope_head_dim"]
+    assert summary["kv_bytes_per_token"] == spec["num_hidden_layers"] * latent * 4  # fp32
+    assert summary["num_kv_blocks"] == 47 and summary["kv_block_size"] == 4
