@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from lab.attention.base import AttentionInputs, AttentionSpec, KVCacheSpec, PagedKVBackend
-from lab.kernels import interpreter_active
+from lab.attention.split_kv import SplitKVDecode
 from lab.kernels.kv_cache_write import write_kv_cache
-from lab.kernels.paged_decode import DecodeWorkspace, choose_num_splits, paged_decode_attention
+from lab.kernels.paged_decode import paged_decode_attention
 from lab.kernels.paged_prefill import paged_attention
 
 
@@ -35,23 +35,18 @@ class TritonFlashMetadata:
     num_splits: int
 
 
-class TritonFlashBackend(PagedKVBackend):
+class TritonFlashBackend(SplitKVDecode, PagedKVBackend):
     """Paged FlashAttention in Triton over the split K/V paged layout."""
 
     name = "triton_flash"
 
     def __init__(self, max_splits: int = 16, min_keys_per_split: int = 256,
                  num_sms: int | None = None) -> None:
-        self.max_splits = max_splits
-        self.min_keys_per_split = min_keys_per_split
-        self.workspace = DecodeWorkspace()
-        self._num_sms = num_sms
+        super().__init__(max_splits, min_keys_per_split, num_sms)
         self._num_kv_heads = 1
 
     def kv_cache_spec(self, spec: AttentionSpec, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
-        if dtype == torch.bfloat16 and interpreter_active():
-            raise ValueError("attention=triton_flash with dtype=bfloat16 needs CUDA: Triton's "
-                             "interpreter has no bf16 arithmetic; use dtype=float32 or float16")
+        self.refuse_interpreter_bf16(dtype)
         if spec.head_dim & (spec.head_dim - 1):
             raise ValueError(f"attention=triton_flash needs a power-of-two head_dim, got "
                              f"{spec.head_dim}; use attention=torch")
@@ -62,11 +57,8 @@ class TritonFlashBackend(PagedKVBackend):
         decode = inputs.max_query_len == 1
         splits = 1
         if decode:
-            splits = choose_num_splits(
-                inputs.num_reqs, inputs.max_model_len or inputs.max_seq_len,
-                num_sms=self._sm_count(inputs.seq_lens.device),
-                min_keys_per_split=self.min_keys_per_split, max_splits=self.max_splits,
-                num_kv_heads=self._num_kv_heads)
+            splits = self.decode_splits(inputs.num_reqs, inputs.max_model_len or inputs.max_seq_len,
+                                        self._num_kv_heads, inputs.seq_lens.device)
         return TritonFlashMetadata(inputs, decode, splits)
 
     def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
@@ -82,11 +74,3 @@ class TritonFlashBackend(PagedKVBackend):
             paged_attention(q[:n], kv_cache[0], kv_cache[1], out[:n], a.query_start_loc,
                             a.seq_lens, a.block_table, a.max_query_len, scale)
         return out
-
-    def _sm_count(self, device: torch.device) -> int:
-        """The parallelism splits should fill: the GPU's SMs; 1 on the CPU (the interpreter
-        runs programs one by one, so splitting only adds work)."""
-        if self._num_sms is None:
-            self._num_sms = (torch.cuda.get_device_properties(device).multi_processor_count
-                             if device.type == "cuda" else 1)
-        return self._num_sms

@@ -27,10 +27,9 @@ import triton
 
 from lab.attention.base import AttentionBackend, AttentionInputs, AttentionSpec, KVCacheSpec
 from lab.attention.mla import MLAAttentionMixin, MLAWeights
-from lab.kernels import interpreter_active
+from lab.attention.split_kv import SplitKVDecode
 from lab.kernels.mla_cache_write import write_latent_cache
 from lab.kernels.mla_decode import mla_decode_attention, mla_head_blocks
-from lab.kernels.paged_decode import DecodeWorkspace, choose_num_splits
 from lab.kernels.paged_prefill import paged_attention
 
 
@@ -53,7 +52,7 @@ class TritonMLAMetadata:
     num_splits: int
 
 
-class TritonMLABackend(MLAAttentionMixin, AttentionBackend):
+class TritonMLABackend(SplitKVDecode, MLAAttentionMixin, AttentionBackend):
     """MLA in Triton: absorbed split-KV latent decode + expanded flash prefill."""
 
     name = "triton_mla"
@@ -61,17 +60,12 @@ class TritonMLABackend(MLAAttentionMixin, AttentionBackend):
 
     def __init__(self, max_splits: int = 16, min_keys_per_split: int = 256,
                  num_sms: int | None = None) -> None:
-        self.max_splits = max_splits
-        self.min_keys_per_split = min_keys_per_split
-        self.workspace = DecodeWorkspace()
-        self._num_sms = num_sms
+        super().__init__(max_splits, min_keys_per_split, num_sms)
         self._num_heads = 1
 
     def kv_cache_spec(self, spec: AttentionSpec, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
         self.check_supported(spec)
-        if dtype == torch.bfloat16 and interpreter_active():
-            raise ValueError("attention=triton_mla with dtype=bfloat16 needs CUDA: Triton's "
-                             "interpreter has no bf16 arithmetic; use dtype=float32 or float16")
+        self.refuse_interpreter_bf16(dtype)
         self._num_heads = spec.num_heads
         return super().kv_cache_spec(spec, block_size, dtype)
 
@@ -86,19 +80,9 @@ class TritonMLABackend(MLAAttentionMixin, AttentionBackend):
         prefill = [i for i, q in enumerate(qlens) if q > 1]
         splits = 1
         if decode:
-            splits = choose_num_splits(
-                len(decode), inputs.max_model_len or inputs.max_seq_len,
-                num_sms=self._sm_count(inputs.seq_lens.device),
-                min_keys_per_split=self.min_keys_per_split, max_splits=self.max_splits,
-                num_kv_heads=mla_head_blocks(self._num_heads))
+            splits = self.decode_splits(len(decode), inputs.max_model_len or inputs.max_seq_len,
+                                        mla_head_blocks(self._num_heads), inputs.seq_lens.device)
         return TritonMLAMetadata(inputs, _part(inputs, decode), _part(inputs, prefill), splits)
-
-    def _sm_count(self, device: torch.device) -> int:
-        """The GPU's SMs (splits should fill them); 1 on the CPU, where splitting only adds work."""
-        if self._num_sms is None:
-            self._num_sms = (torch.cuda.get_device_properties(device).multi_processor_count
-                             if device.type == "cuda" else 1)
-        return self._num_sms
 
     # -- attention ---------------------------------------------------------------------------
     def forward_mla(self, layer_idx, q_nope, q_pe, kv_c, k_pe, kv_cache, metadata,
