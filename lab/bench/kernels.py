@@ -303,6 +303,62 @@ def moe_align_row(env: Setup, tokens=256, experts=128, top_k=8) -> Row:
                bench(lambda: moe_align_ref(ids, experts, bm)), ok)
 
 
+# -- quantized GEMMs (rows 14, 16, 17, 18; "14i" = int8 W8A8) -----------------------------------
+def scaled_gemm_row(env: Setup, row: str, m: int, n: int, k: int, kind: str) -> Row:
+    """W8A8 with per-token activation and per-channel weight scales (kind "fp8" or "int8"),
+    checked against its reference. Row 16 (small M) reports GB/s on the 1-byte weights, the
+    others TFLOP/s. Torch: torch._scaled_mm (fp8, same scales) / torch._int_mm (int8, int32 out,
+    no scaling), on CUDA only."""
+    if kind == "fp8":
+        from lab.kernels.fp8_gemm import fp8_gemm as gemm
+        from lab.kernels.fp8_gemm import fp8_gemm_ref as gemm_ref
+        from lab.kernels.quantize import quantize_fp8_per_token as quant
+    else:
+        from lab.kernels.int8_gemm import int8_gemm as gemm
+        from lab.kernels.int8_gemm import int8_gemm_ref as gemm_ref
+        from lab.kernels.quantize import quantize_int8_per_token as quant
+    a_q, a_s = quant(env.t(m, k))
+    w_q, w_s = quant(env.t(n, k))
+    w_s = w_s.reshape(n)
+    run = lambda: gemm(a_q, a_s, w_q, w_s, None, env.dtype)  # noqa: E731
+    out = run()
+    ref = gemm_ref(a_q, a_s, w_q, w_s, None, env.dtype)
+    ok = torch.allclose(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
+    t_torch = None
+    if env.device == "cuda" and kind == "fp8" and hasattr(torch, "_scaled_mm"):
+        t_torch = bench(lambda: torch._scaled_mm(a_q, w_q.T, scale_a=a_s, scale_b=w_s[None],
+                                                 out_dtype=env.dtype))
+    elif env.device == "cuda" and kind == "int8" and m > 16:
+        t_torch = bench(lambda: torch._int_mm(a_q, w_q.T))
+    shape = f"M={m} N={n} K={k} {kind}"
+    if row == "16":
+        nbytes = n * k + m * k + m * n * out.element_size()
+        return Row(row, f"{kind} W8A8 GEMM (small M)", shape, bench(run), nbytes, "GB/s",
+                   t_torch, ok)
+    return Row(row, f"{kind} W8A8 GEMM", shape, bench(run), 2 * m * n * k, "TFLOP/s", t_torch, ok)
+
+
+def w4a16_row(env: Setup, row: str, m: int, n: int, k: int, group: int = 128) -> Row:
+    """Rows 17 (small M: GB/s on the packed int4 weights + scales) and 18 (TFLOP/s): asymmetric
+    g128 weights, checked against `w4a16_gemm_ref`; torch = the 16-bit GEMM on dense weights."""
+    from lab.kernels.w4a16_gemm import quantize_w4, w4a16_gemm, w4a16_gemm_ref
+
+    x = env.t(m, k)
+    packed, s, z = quantize_w4(env.t(n, k, dtype=torch.float32), group, symmetric=False)
+    s = s.to(env.dtype)
+    run = lambda: w4a16_gemm(x, packed, s, z, group)  # noqa: E731
+    out = run()
+    ref = w4a16_gemm_ref(x, packed, s, z, group)
+    ok = torch.allclose(out.float(), ref.float(), atol=5e-2, rtol=3e-2)
+    dense = env.t(n, k)
+    t_torch = bench(lambda: F.linear(x, dense))
+    shape = f"M={m} N={n} K={k} g{group}"
+    if row == "17":
+        nbytes = packed.nbytes + s.nbytes + z.nbytes + x.nbytes + out.nbytes
+        return Row(row, "W4A16 GEMM (small M)", shape, bench(run), nbytes, "GB/s", t_torch, ok)
+    return Row(row, "W4A16 GEMM", shape, bench(run), 2 * m * n * k, "TFLOP/s", t_torch, ok)
+
+
 def all_rows(env: Setup, quick: bool) -> list[Row]:
     s = 4 if quick else 1
     rows = [decode_row(env, "1", 64 // s, 4096), decode_row(env, "2", 1, 32768 // s)]
@@ -314,6 +370,11 @@ def all_rows(env: Setup, quick: bool) -> list[Row]:
     rows += [kv_write_row(env, 8192 // s), rmsnorm_row(env, "9", 8192 // s, 4096),
              rmsnorm_row(env, "10", 256, 4096), silu_row(env, "10", 256, 14336),
              rotary_row(env, "10", 256), silu_row(env, "11", 8192 // s, 14336)]
+    rows += [scaled_gemm_row(env, "14", 8192 // s, 8192, 4096, "fp8"),
+             scaled_gemm_row(env, "14i", 8192 // s, 8192, 4096, "int8"),
+             scaled_gemm_row(env, "16", 16, 14336, 4096, "fp8")]
+    rows += [w4a16_row(env, "17", mm, 14336, 4096) for mm in (1, 16)]
+    rows += [w4a16_row(env, "18", 512, 14336, 4096)]
     rows += [moe_row(env, "19", 16384 // s), moe_row(env, "20", 64), moe_align_row(env, 256)]
     return rows
 
@@ -328,7 +389,9 @@ def smoke_rows(env: Setup) -> list[Row]:
             silu_row(env, "11", 8, 48), rotary_row(env, "10", 8, h=4, hkv=2, d=16),
             moe_row(env, "19", 12, hidden=32, inter=24, experts=4, top_k=2),
             moe_row(env, "20", 3, hidden=32, inter=24, experts=4, top_k=2),
-            moe_align_row(env, 8, experts=4, top_k=2)]
+            moe_align_row(env, 8, experts=4, top_k=2),
+            scaled_gemm_row(env, "14i", 5, 40, 48, "int8"),  # fp8 rows: GPU only
+            w4a16_row(env, "17", 3, 40, 64, group=32), w4a16_row(env, "18", 20, 24, 96, group=48)]
 
 
 def print_table(rows: list[Row], copy_gbs: float, mm_tflops: float) -> None:

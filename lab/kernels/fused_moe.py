@@ -45,6 +45,7 @@ import triton.language as tl
 from lab.kernels import check_dtype_supported, interpreter_active
 from lab.kernels.moe_align import max_num_blocks, moe_align
 from lab.kernels.silu_and_mul import silu_and_mul
+from lab.kernels.tiles import grouped_tile
 
 
 @triton.jit
@@ -66,11 +67,7 @@ def _moe_gemm_kernel(
     of sorted_token_ids (expert e) and BLOCK_N columns n. Last dims of A, B, C are contiguous."""
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = pid // per_group * GROUP_M
-    group_size = tl.minimum(num_blocks_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_size
-    pid_n = (pid % per_group) // group_size
+    pid_m, pid_n = grouped_tile(pid, num_blocks_m, num_n, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_ptr):
         return
 

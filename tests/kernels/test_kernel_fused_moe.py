@@ -3,12 +3,6 @@ Face's DeepseekV3 MoE loop, argument checks, and an sm_90 compile of the kernels
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,6 +11,7 @@ from hypothesis import strategies as st
 
 import lab.kernels  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before kernel modules load)
 from lab.kernels.fused_moe import fused_moe, fused_moe_ref, pick_config
+from tests.kernels.sm90 import compile_for_sm90
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {
@@ -152,16 +147,8 @@ def test_pick_config_tiles():
     assert pick_config(8, 4, 2048, 768, elem_size=4)["BLOCK_K"] == 64
 
 
-_COMPILE_SCRIPT = textwrap.dedent("""
-    import triton
-    from triton.backends.compiler import GPUTarget
+_COMPILE_SCRIPT = """
     from lab.kernels import fused_moe as fm, moe_align as ma
-
-    def build(fn, types, consts, aligned=(), **opts):
-        sig = {n: types.get(n, "constexpr" if n in consts else "i32") for n in fn.arg_names}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
-        src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
     ptrs = lambda fn: {n: "*i32" for n in fn.arg_names if n.endswith("_ptr")}
     fn = ma._align_single_kernel
@@ -183,20 +170,14 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                   num_stages=cfg["num_stages"])
         assert mma in k.asm["ptx"] and "cp.async" in k.asm["ptx"], (tokens, cfg)
     print("ok")
-""")
+"""
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the gpu-marked tests run the kernels there")
 def test_kernels_compile_for_hopper():
     """AOT-compile align (sort/histogram/gather) and the grouped GEMM for sm_90 (no GPU needed):
     compiled-mode errors show up on a CPU-only host; the prefill tile uses wgmma."""
-    pytest.importorskip("triton.backends.nvidia")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
-    if "ptxas" in proc.stderr and "not found" in proc.stderr:
-        pytest.skip("no ptxas in this triton install")
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+    compile_for_sm90(_COMPILE_SCRIPT, TRITON_DEFAULT_FP_FUSION="1")
 
 
 @pytest.mark.gpu
