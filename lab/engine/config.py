@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-GROUPS = ("model", "attention", "kernels", "scheduler", "preemption", "cache", "workload", "executor", "logger")
+GROUPS = ("model", "attention", "kernels", "quant", "scheduler", "preemption", "cache", "workload", "executor", "logger")
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:

@@ -33,10 +33,12 @@ class LLMEngine:
         attn_backend = instantiate(cfg.attention)
         worker_factory = functools.partial(
             Worker, self.model_path, attn_backend, instantiate(cfg.kernels), cfg.device,
-            cfg.dtype, cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.seed)
+            cfg.dtype, cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.seed,
+            quant=instantiate(cfg.quant))
         self.executor = instantiate(cfg.executor)(worker_factory=worker_factory)
         worker = self.executor.worker
         self.hf_config = worker.hf_config
+        self.weight_bytes = worker.weight_bytes  # parameters after quantization
         self.num_blocks = self.executor.determine_num_blocks(CacheSizing(
             cfg.num_gpu_blocks, cfg.gpu_memory_utilization, cfg.cpu_kv_cache_gb))
         self.max_model_len = resolve_max_model_len(

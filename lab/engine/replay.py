@@ -39,6 +39,7 @@ def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
     summary.num_kv_blocks = engine.num_blocks - 1
     summary.kv_block_size = engine.cfg.block_size
     summary.kv_bytes_per_token = engine.kv_bytes_per_token
+    summary.weight_bytes = engine.weight_bytes
     return summary
 
 

@@ -95,10 +95,23 @@ class Linear(nn.Module):
         self.input_size = input_size
         self.output_sizes = self._output_sizes(output_size)
         self.output_size = sum(self.output_sizes)
-        self.quant_method = quant_method or UnquantizedLinearMethod()
-        self.quant_method.create_weights(self, input_size, self.output_sizes, bias, params_dtype)
+        self.params_dtype = params_dtype or torch.get_default_dtype()
+        self.has_bias = bias
+        self.set_quant_method(quant_method or UnquantizedLinearMethod())
+
+    def set_quant_method(self, quant_method: object) -> None:
+        """(Re)create this layer's parameters with `quant_method` (before weights are loaded).
+
+        A parameter the method gave its own `weight_loader` (e.g. a per-shard scale) keeps it;
+        every other one is filled by the layer's loader (whole tensor or one fused shard)."""
+        for name in list(self._parameters):
+            delattr(self, name)
+        self.quant_method = quant_method
+        quant_method.create_weights(
+            self, self.input_size, self.output_sizes, self.has_bias, self.params_dtype)
         for param in self.parameters(recurse=False):
-            param.weight_loader = self.weight_loader
+            if not hasattr(param, "weight_loader"):
+                param.weight_loader = self.weight_loader
 
     def _output_sizes(self, output_size: int) -> list[int]:
         return [output_size]
@@ -113,7 +126,8 @@ class Linear(nn.Module):
         return self.quant_method.apply(self, x)
 
     def extra_repr(self) -> str:
-        return f"in={self.input_size}, out={self.output_sizes}, bias={self.bias is not None}"
+        method = type(self.quant_method).__name__
+        return f"in={self.input_size}, out={self.output_sizes}, bias={self.has_bias}, {method}"
 
 
 class MergedLinear(Linear):

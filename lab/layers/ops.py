@@ -1,5 +1,9 @@
 """The `kernels` config group: which implementation the model's norm, rotary, activation and MoE use.
 
+The quantized GEMMs of lab/quant (int8 / fp8 W8A8, int4 weight-only) go through the same
+object, so `kernels=torch` runs each method on its PyTorch reference and `kernels=triton` on
+its Triton kernel; a quant method never picks an implementation itself.
+
 A `LayerOps` is built once (Hydra: `conf/kernels/*.yaml`) and handed to the model, whose
 RMSNorm / RotaryEmbedding / SiluAndMul layers hold a reference to it (no globals):
 
@@ -55,6 +59,39 @@ class LayerOps:
     ) -> None:
         """Copy whole KV blocks src[.., src_ids[i], ..] -> dst[.., dst_ids[i], ..] along
         `block_dim` (same device; used to swap blocks through a staging buffer)."""
+        raise NotImplementedError
+
+    # ---- quantized GEMMs (the `quant` group's methods call these; see lab/quant) ----------
+    def quantize_int8_per_token(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [M, K] -> (int8 [M, K], fp32 scale [M, 1]) with x ~= q * scale (symmetric)."""
+        raise NotImplementedError
+
+    def int8_gemm(
+        self, a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+        bias: torch.Tensor | None, out_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """W8A8: (a_q [M, K] * a_scale [M, 1]) @ (w_q [N, K] * w_scale [N])^T + bias -> [M, N]."""
+        raise NotImplementedError
+
+    def quantize_fp8(
+        self, x: torch.Tensor, per_token: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [M, K] -> (e4m3 [M, K], fp32 scale [M, 1] per token, or [1] per tensor)."""
+        raise NotImplementedError
+
+    def fp8_gemm(
+        self, a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+        bias: torch.Tensor | None, out_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """W8A8 in e4m3: (a_q * a_scale) @ (w_q [N, K] * w_scale)^T + bias -> [M, N]."""
+        raise NotImplementedError
+
+    def w4a16_gemm(
+        self, x: torch.Tensor, w_packed: torch.Tensor, scales: torch.Tensor,
+        zeros: torch.Tensor | None, group_size: int, bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """x [M, K] @ dequant(w_packed uint8 [N, K/2], scales/zeros [N, K/G])^T + bias -> [M, N]
+        in x's dtype (int4 weights, two per byte; zeros None = symmetric)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -115,6 +152,32 @@ class TorchOps(LayerOps):
 
         copy_blocks_ref(src, dst, src_ids, dst_ids, block_dim)
 
+    def quantize_int8_per_token(self, x):
+        from lab.kernels.quantize import quantize_int8_per_token_ref
+
+        return quantize_int8_per_token_ref(x)
+
+    def int8_gemm(self, a_q, a_scale, w_q, w_scale, bias, out_dtype):
+        from lab.kernels.int8_gemm import int8_gemm_ref
+
+        return int8_gemm_ref(a_q, a_scale, w_q, w_scale, bias, out_dtype)
+
+    def quantize_fp8(self, x, per_token):
+        from lab.kernels import quantize
+
+        fn = quantize.quantize_fp8_per_token_ref if per_token else quantize.quantize_fp8_per_tensor_ref
+        return fn(x)
+
+    def fp8_gemm(self, a_q, a_scale, w_q, w_scale, bias, out_dtype):
+        from lab.kernels.fp8_gemm import fp8_gemm_ref
+
+        return fp8_gemm_ref(a_q, a_scale, w_q, w_scale, bias, out_dtype)
+
+    def w4a16_gemm(self, x, w_packed, scales, zeros, group_size, bias):
+        from lab.kernels.w4a16_gemm import w4a16_gemm_ref
+
+        return w4a16_gemm_ref(x, w_packed, scales, zeros, group_size, bias)
+
 
 class TritonOps(LayerOps):
     """The Triton kernels. Importing them switches Triton to its interpreter when there is no
@@ -153,6 +216,35 @@ class TritonOps(LayerOps):
         from lab.kernels.copy_blocks import copy_blocks  # bit-exact for every dtype
 
         copy_blocks(src, dst, src_ids, dst_ids, block_dim)
+
+    def quantize_int8_per_token(self, x):
+        from lab.kernels.quantize import quantize_int8_per_token
+
+        return quantize_int8_per_token(x)
+
+    def int8_gemm(self, a_q, a_scale, w_q, w_scale, bias, out_dtype):
+        from lab.kernels.int8_gemm import int8_gemm
+
+        return int8_gemm(a_q, a_scale, w_q, w_scale, bias, out_dtype)
+
+    def quantize_fp8(self, x, per_token):
+        from lab.kernels import quantize
+
+        return (quantize.quantize_fp8_per_token if per_token else quantize.quantize_fp8_per_tensor)(x)
+
+    def fp8_gemm(self, a_q, a_scale, w_q, w_scale, bias, out_dtype):
+        if not a_q.is_cuda:
+            raise ValueError("the fp8 Triton GEMM needs a CUDA device (e4m3 dots do not run in "
+                             "Triton's interpreter); use kernels=torch on the CPU")
+        from lab.kernels.fp8_gemm import fp8_gemm
+
+        return fp8_gemm(a_q, a_scale, w_q, w_scale, bias, out_dtype)
+
+    def w4a16_gemm(self, x, w_packed, scales, zeros, group_size, bias):
+        from lab.kernels.w4a16_gemm import w4a16_gemm
+
+        self._check(x, "w4a16_gemm input")
+        return w4a16_gemm(x, w_packed, scales, zeros, group_size, bias)
 
 
 def auto_ops(device: str = "auto") -> LayerOps:

@@ -132,6 +132,7 @@ def summary_table(s: RunSummary) -> Table:
         ("E2E p50 / p99", f"{_ms(s.e2e_p50)} / {_ms(s.e2e_p99)} ms"),
         ("goodput (SLOs)", f"{_num(s.request_goodput)} req/s, "
          f"{_pct(s.slo_attainment)} met {slo_text(s)}"),
+        ("weights", f"{s.weight_bytes / 2**20:.2f} MiB"),
         ("KV cache", f"{s.num_kv_blocks} blocks x {s.kv_block_size} tokens, "
          f"{s.kv_bytes_per_token} bytes/token"),
         ("peak KV usage", _pct(s.peak_kv_cache_usage)),

@@ -144,6 +144,7 @@ class RunSummary:
     num_kv_blocks: int = 0  # usable KV blocks of the run (the null block excluded)
     kv_block_size: int = 0  # tokens per block
     kv_bytes_per_token: int = 0  # KV-cache bytes one token takes over all layers
+    weight_bytes: int = 0  # model parameters as stored (after quantization)
     num_finished: dict[str, int] = field(default_factory=dict)  # by finish reason
     total_prompt_tokens: int = 0
     total_output_tokens: int = 0

@@ -188,6 +188,10 @@ class DeepseekModel(nn.Module):
 class DeepseekV2ForCausalLM(nn.Module):
     """DeepSeek-V2 (and V2-Lite / V2.5): MLA + softmax-routed MoE, interleaved (gptj) rope."""
 
+    # linears a quant method must leave dense (lab/quant/base.py): MLA reads kv_b_proj's weight
+    # as per-head views w_uk / w_uv (lab/attention/mla.py MLAWeights)
+    dense_linears = ("kv_b_proj",)
+
     @classmethod
     def rope_style(cls, cfg) -> str:
         """How the rope dims are laid out: "gptj", "deinterleave" (then neox) or "neox"."""

@@ -21,6 +21,8 @@ from lab.models.llama import (
     Qwen3ForCausalLM,
 )
 from lab.models.weight_utils import safetensors_weights
+from lab.quant.base import QuantConfig
+from lab.quant.none import NoQuantConfig
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
@@ -84,17 +86,22 @@ def default_dtype(dtype: torch.dtype):
 
 def load_model(
     path: str | Path, attn_backend: AttentionBackend, dtype: torch.dtype,
-    device: str | torch.device, ops: LayerOps | None = None,
+    device: str | torch.device, ops: LayerOps | None = None, quant: QuantConfig | None = None,
 ) -> tuple[nn.Module, object]:
     """Build the model for the checkpoint at `path` on `device` in `dtype` and load its weights
     strictly (ValueError naming every missing, unexpected or mis-shaped tensor). `ops` (the
-    `kernels` group) computes norm/rotary/activation; None means TorchOps."""
+    `kernels` group) computes norm/rotary/activation and the quantized GEMMs; None means
+    TorchOps. `quant` (the `quant` group) gives each linear its method; None: unquantized."""
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(path)
     cls = model_class(hf_config)
+    ops = ops or TorchOps()
+    quant = quant or NoQuantConfig()
+    quant.bind(hf_config, ops)
     with torch.device(device), default_dtype(dtype):
-        model = cls(hf_config, attn_backend, ops or TorchOps())
+        model = cls(hf_config, attn_backend, ops)
+        quant.quantize_model(model)
     model.load_weights(safetensors_weights(path))
     for module in model.modules():
         method = getattr(module, "quant_method", None)

@@ -11,6 +11,7 @@ import torch
 from lab.attention.base import AttentionBackend, KVCacheSpec
 from lab.layers.ops import LayerOps
 from lab.models.loader import load_model, resolve_dtype
+from lab.quant.base import QuantConfig, weight_bytes
 from lab.sampling.params import SamplingParams
 from lab.scheduler.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lab.worker.model_runner import ModelRunner
@@ -52,6 +53,7 @@ class Worker:
     def __init__(
         self, model_path: Path, attn_backend: AttentionBackend, ops: LayerOps, device: str,
         dtype: str, block_size: int, max_num_seqs: int, max_num_batched_tokens: int, seed: int,
+        quant: QuantConfig | None = None,
     ) -> None:
         self.device = resolve_device(device)
         torch.manual_seed(seed)
@@ -63,6 +65,8 @@ class Worker:
         self.dtype = None
         self.model = None
         self.ops = ops
+        self.quant = quant
+        self.weight_bytes = 0
         self._load(model_path, dtype, ops)
         self.runner: ModelRunner | None = None
 
@@ -72,7 +76,10 @@ class Worker:
         hf_config = AutoConfig.from_pretrained(model_path)
         self.dtype = resolve_dtype(dtype, hf_config, self.device)
         self.model, self.hf_config = load_model(
-            model_path, self.attn_backend, self.dtype, self.device, ops)
+            model_path, self.attn_backend, self.dtype, self.device, ops, self.quant)
+        self.weight_bytes = weight_bytes(self.model)
+        log.info("model weights: %.2f MiB (quant=%s)", self.weight_bytes / 2**20,
+                 getattr(self.quant, "name", "none"))
         self.attn_backend.check_supported(self.model.attention_spec)
 
     @property

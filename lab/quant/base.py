@@ -1,0 +1,181 @@
+"""The `quant` config group: how a model's linear layers store and multiply their weights.
+
+Two bases (config group = package = base class):
+
+    QuantConfig   the group's option (`conf/quant/*.yaml` -> `_target_: lab.quant.<file>.<Config>`):
+                  built once per run, it decides for every linear layer of the model which
+                  QuantMethod it holds (`method_for`), refusing what it cannot handle
+    QuantMethod   per-layer strategy held by `Linear.quant_method`: `create_weights` registers the
+                  parameters, the checkpoint loader fills them, `process_weights_after_loading`
+                  turns them into the run-time form, `apply(layer, x)` is the forward
+
+Flow (lab/models/loader.py `load_model`):
+
+    model = cls(hf_config, backend, ops)          # every Linear starts unquantized
+    quant.bind(hf_config, ops)                    # checks the checkpoint's quantization_config
+    quant.quantize_model(model)                   # Linear.set_quant_method(method_for(name, layer))
+    model.load_weights(...)                       # params (and per-shard scales) filled
+    method.process_weights_after_loading(layer)   # online methods quantize here
+
+Scope shared by every method: embeddings, lm_head, norms and MoE routers stay in the model
+dtype (they are not `Linear`s); a model names the linears that must stay dense in
+`dense_linears` (DeepSeek: `kv_b_proj`, read as dense per-head views by MLA). Stacked MoE experts
+(`FusedExperts`) have no quantized kernel yet: a config refuses them (`experts: refuse`, the
+default) or, opted in with `experts: dense`, leaves them in the model dtype and logs it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from lab.layers.linear import Linear, UnquantizedLinearMethod
+from lab.layers.ops import LayerOps, TorchOps
+
+log = logging.getLogger(__name__)
+
+EXPERT_POLICIES = ("refuse", "dense")
+
+
+class QuantMethod:
+    """Base of per-layer quantization methods (see the module docstring)."""
+
+    def create_weights(
+        self, layer: nn.Module, input_size: int, output_sizes: Sequence[int], bias: bool,
+        params_dtype: torch.dtype,
+    ) -> None:
+        """Register the layer's parameters (shapes before loading); `output_sizes` are the fused
+        shards (one entry for a plain Linear)."""
+        raise NotImplementedError
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Turn the loaded parameters into their run-time form (e.g. quantize them)."""
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The layer's forward: x [..., in] -> [..., out] in x's dtype."""
+        raise NotImplementedError
+
+
+class OnlineQuantMethod(QuantMethod):
+    """A method that loads a dense checkpoint and quantizes each weight at load time.
+
+    Subclasses implement `quantize(weight) -> {name: tensor}` (registered as parameters in place
+    of `weight`) and `matmul(layer, x2d) -> y2d`."""
+
+    def __init__(self, ops: LayerOps) -> None:
+        self.ops = ops
+
+    def create_weights(self, layer, input_size, output_sizes, bias, params_dtype) -> None:
+        UnquantizedLinearMethod().create_weights(layer, input_size, output_sizes, bias, params_dtype)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        weight = layer.weight.data
+        del layer.weight
+        for name, tensor in self.quantize(weight).items():
+            layer.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
+
+    def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The dense weight [out, in] -> the tensors that replace it."""
+        raise NotImplementedError
+
+    def matmul(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """x [M, in] -> [M, out] in x's dtype, bias included."""
+        raise NotImplementedError
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = self.matmul(layer, x.reshape(-1, x.shape[-1]))
+        return y.reshape(*lead, y.shape[-1])
+
+
+class QuantConfig:
+    """Base of the `quant` group: hands a QuantMethod to each linear layer of a model."""
+
+    name = "base"
+
+    def __init__(self, experts: str = "refuse") -> None:
+        if experts not in EXPERT_POLICIES:
+            raise ValueError(f"quant.experts={experts!r}: use one of {', '.join(EXPERT_POLICIES)}")
+        self.experts = experts
+        self.ops: LayerOps = TorchOps()
+
+    # ---- hooks for subclasses ------------------------------------------------------------
+    def method_for(self, prefix: str, layer: Linear) -> QuantMethod | None:
+        """The method for the linear named `prefix` (None: keep it unquantized). Raise a
+        ValueError naming the layer when the method cannot handle it."""
+        raise NotImplementedError
+
+    def check_checkpoint(self, quant_cfg: dict | None) -> None:
+        """Accept or refuse the checkpoint's `quantization_config` (None: a dense checkpoint)."""
+        if quant_cfg is not None:
+            method = quant_cfg.get("quant_method", "?")
+            raise ValueError(
+                f"the checkpoint is quantized (quantization_config.quant_method={method!r}); "
+                f"quant={self.name} loads dense checkpoints only (an fp8 checkpoint: quant=fp8)")
+
+    # ---- the mechanism -------------------------------------------------------------------
+    def bind(self, hf_config, ops: LayerOps) -> None:
+        """Attach the run's kernels and check the checkpoint's quantization_config."""
+        self.ops = ops
+        quant_cfg = getattr(hf_config, "quantization_config", None)
+        if quant_cfg is not None and not isinstance(quant_cfg, dict):
+            quant_cfg = quant_cfg.to_dict()
+        self.check_checkpoint(quant_cfg)
+
+    def quantize_model(self, model: nn.Module) -> None:
+        """Give every Linear of `model` its method; refuse or keep MoE experts (see `experts`)."""
+        dense = tuple(getattr(model, "dense_linears", ()))
+        counts: dict[str, int] = {}
+        for prefix, module in model.named_modules():
+            if is_fused_experts(module):
+                self._check_experts(prefix)
+                counts["experts kept dense"] = counts.get("experts kept dense", 0) + 1
+            if not isinstance(module, Linear):
+                continue
+            method = None if prefix.rsplit(".", 1)[-1] in dense else self.method_for(prefix, module)
+            if method is not None:
+                module.set_quant_method(method)
+            key = type(method).__name__ if method is not None else "dense"
+            counts[key] = counts.get(key, 0) + 1
+        log.info("quant=%s: %s", self.name, ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+
+    def _check_experts(self, prefix: str) -> None:
+        if self.experts == "refuse":
+            raise ValueError(
+                f"quant={self.name} cannot quantize the MoE experts at {prefix} (the fused MoE "
+                f"kernel has no quantized path); set quant.experts=dense to keep the routed "
+                f"experts in the model dtype and quantize the other linears")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(experts={self.experts})"
+
+
+def is_fused_experts(module: nn.Module) -> bool:
+    """True for stacked MoE experts (lab.layers.moe.FusedExperts)."""
+    from lab.layers.moe import FusedExperts
+
+    return isinstance(module, FusedExperts)
+
+
+def check_group_size(prefix: str, input_size: int, group_size: int) -> None:
+    """ValueError naming the layer when its input size is not a multiple of the group size."""
+    if input_size % group_size:
+        raise ValueError(
+            f"{prefix}: input size {input_size} is not a multiple of quant.group_size={group_size}"
+            f" (choose a group size that divides every linear's input size)")
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters (each storage once; tied embeddings counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for param in model.parameters():
+        ptr = param.untyped_storage().data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        total += param.untyped_storage().nbytes()
+    return total
