@@ -3,7 +3,7 @@
 #   1. installs the carried wheels (scripts/gpu_wheels.sh made them) without network,
 #   2. runs the CUDA correctness tests (pytest -m gpu: bf16/fp8 for every kernel, quant methods),
 #   3. times every kernel against its ceiling and PyTorch (python3 -m lab.bench.kernels),
-#   4. runs the end-to-end backend comparison (python3 -m lab.bench.e2e).
+#   4. runs the end-to-end comparisons (python3 -m lab.bench.e2e): backends, quant methods.
 # Output goes to $OUT (the device tool returns it) or experiments/results/gpu-<date>/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,5 +23,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 python3 -m pytest tests/kernels tests/quant -m gpu -q -p no:cacheprovider 2>&1 | tail -30 \
   > "$OUT/gpu_tests.txt"
 python3 -m lab.bench.kernels 2>&1 | tail -40 > "$OUT/kernels.txt"
-python3 -m lab.bench.e2e 2>&1 | tail -12 > "$OUT/e2e.txt"
+python3 -m lab.bench.e2e 2>&1 | tail -6 > "$OUT/e2e.txt"
+python3 -m lab.bench.e2e --runs attention=triton_flash attention=triton_flash,quant=fp8 \
+  attention=triton_flash,quant=int8 attention=triton_flash,quant=w4a16 2>&1 | tail -8 >> "$OUT/e2e.txt"
 cat "$OUT/machine.txt" "$OUT/gpu_tests.txt" "$OUT/e2e.txt" "$OUT/kernels.txt"

@@ -1,7 +1,11 @@
-"""End-to-end offline throughput of two attention backends on one model, nano-vllm's shape.
+"""End-to-end offline throughput of engine configurations on one model, nano-vllm's shape.
 
-    python -m lab.bench.e2e                                   # bench_qwen3_06b, CUDA, bf16
-    python -m lab.bench.e2e --backends triton_flash torch --num-seqs 256
+    python -m lab.bench.e2e                                   # triton_flash vs torch, CUDA, bf16
+    python -m lab.bench.e2e --runs attention=triton_flash attention=triton_flash,quant=fp8 \
+        attention=triton_flash,quant=int8 attention=triton_flash,quant=w4a16
+
+Each run is a comma-separated list of LLM keywords (group options or knobs, as on the command
+line of run.py); the first run is the baseline of the ratio column.
 
 nano-vllm's benchmark: 256 sequences, input and output lengths uniform in [100, 1024], seed 0,
 ignore_eos, random weights. The model is the Qwen3-0.6B-width preset (`bench_qwen3_06b`: hidden
@@ -29,8 +33,27 @@ def make_requests(n: int, lo: int, hi: int, vocab: int, seed: int):
     return prompts, params
 
 
-def run_backend(backend: str, args, prompts, params) -> tuple[float, int]:
-    llm = LLM(args.model, attention=backend, dtype=args.dtype,
+def model_vocab(model: str) -> int:
+    """The vocabulary size of a `model` group option (prompts are drawn from it)."""
+    from hydra.utils import instantiate
+    from transformers import AutoConfig
+
+    from lab.engine.config import compose_config
+
+    path = instantiate(compose_config([f"model={model}"]).model).path()
+    return AutoConfig.from_pretrained(path).vocab_size
+
+
+def parse_run(spec: str) -> dict[str, str]:
+    """'attention=triton_flash,quant=fp8' -> {'attention': 'triton_flash', 'quant': 'fp8'}."""
+    items = [kv for kv in spec.split(",") if kv]
+    if not items or any("=" not in kv for kv in items):
+        raise SystemExit(f"--runs {spec!r}: expected KEY=VALUE[,KEY=VALUE...]")
+    return dict(kv.split("=", 1) for kv in items)
+
+
+def run_config(spec: str, args, prompts, params) -> tuple[float, int]:
+    llm = LLM(args.model, **{"dtype": args.dtype, **parse_run(spec)},
               max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
     llm.generate([prompts[0][:16]], SamplingParams(max_tokens=4))  # warm-up (kernel compiles)
     if torch.cuda.is_available():
@@ -42,10 +65,11 @@ def run_backend(backend: str, args, prompts, params) -> tuple[float, int]:
     return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="bench_qwen3_06b")
-    p.add_argument("--backends", nargs="+", default=["triton_flash", "torch"])
+    p.add_argument("--runs", nargs="+", default=["attention=triton_flash", "attention=torch"],
+                   help="engine configurations, each KEY=VALUE[,KEY=VALUE...]")
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=1024)
@@ -53,14 +77,16 @@ def main() -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--max-num-seqs", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-    prompts, params = make_requests(args.num_seqs, args.min_len, args.max_len, 16384, args.seed)
-    results = {b: run_backend(b, args, prompts, params) for b in args.backends}
-    first = args.backends[0]
+    args = p.parse_args(argv)
+    prompts, params = make_requests(args.num_seqs, args.min_len, args.max_len,
+                                    model_vocab(args.model), args.seed)
+    results = {r: run_config(r, args, prompts, params) for r in args.runs}
+    base_t, base_n = results[args.runs[0]]
+    width = max(len(r) for r in args.runs) + 2
     print(f"\nmodel {args.model}  seqs {args.num_seqs}  lengths U[{args.min_len}, {args.max_len}]")
-    print(f"{'attention':<16}{'seconds':>10}{'output tok/s':>15}{'vs ' + first:>12}")
-    for b, (t, n) in results.items():
-        print(f"{b:<16}{t:>10.2f}{n / t:>15.1f}{(n / t) / (results[first][1] / results[first][0]):>12.2f}")
+    print(f"{'run':<{width}}{'seconds':>10}{'output tok/s':>15}{'vs first':>10}")
+    for r, (t, n) in results.items():
+        print(f"{r:<{width}}{t:>10.2f}{n / t:>15.1f}{(n / t) / (base_n / base_t):>10.2f}")
 
 
 if __name__ == "__main__":
