@@ -110,7 +110,8 @@ class AttentionBackend(ABC):
     def check_supported(self, spec: AttentionSpec) -> None:
         """Refuse a model whose attention kind this backend does not implement."""
         if spec.kind not in self.supported_kinds:
-            hint = "; use attention=triton_mla or attention=torch" if spec.kind == "mla" else ""
+            other = "triton_mla" if spec.kind == "mla" else "triton_flash"
+            hint = f"; use attention={other} or attention=torch"
             raise ValueError(
                 f"attention={self.name} does not support {spec.kind!r} attention "
                 f"(supported: {', '.join(self.supported_kinds)}){hint}"
