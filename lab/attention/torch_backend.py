@@ -16,6 +16,11 @@ MLA (kind "mla", lab/attention/mla.py) is the reference too: the latent cache ho
 | kv_c | k_pe | per token; `forward_mla` writes the step's rows, gathers each request's rows the
 same way, expands them with kv_b_proj into per-head k = | k_nope | k_pe | and v (as transformers
 does), and attends with the same mask.
+
+fp8 cache (`cache.dtype=fp8`, scheme in lab/attention/base.py): writes store
+fp8(clamp(x / scale, +-448)) with the layer's scales (`quantize_kv_ref`), reads gather the fp8
+rows and dequantize them (q_fp8 * scale, in fp32, then the query's dtype) before attending: the
+definition the Triton kernels are checked against.
 """
 
 from __future__ import annotations
@@ -25,7 +30,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lab.attention.base import AttentionInputs, PagedKVBackend
+from lab.attention.base import (
+    FP8_KV_DTYPE,
+    AttentionInputs,
+    PagedKVBackend,
+    dequantize_kv_ref,
+    quantize_kv_ref,
+)
 from lab.attention.mla import MLAAttentionMixin, MLAWeights, write_latent_cache
 
 
@@ -66,17 +77,24 @@ class TorchAttentionBackend(MLAAttentionMixin, PagedKVBackend):
     def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
         md: TorchAttentionMetadata = metadata
         n = md.inputs.num_actual_tokens
-        write_kv_cache(kv_cache, k[:n], v[:n], md.inputs.slot_mapping[:n])
+        k_scale, v_scale = self.layer_kv_scales(layer_idx, kv_cache, k[:n], v[:n])
+        write_kv_cache(kv_cache, k[:n], v[:n], md.inputs.slot_mapping[:n], k_scale, v_scale)
         key, val = _gather_kv(kv_cache, md.blocks, md.inputs.num_reqs)  # [B, Hkv, L, D] each
+        if kv_cache.dtype == FP8_KV_DTYPE:
+            key = dequantize_kv_ref(key, k_scale).to(q.dtype)
+            val = dequantize_kv_ref(val, v_scale).to(q.dtype)
         return _attend(md, q, key, val, scale)
 
     def forward_mla(self, layer_idx, q_nope, q_pe, kv_c, k_pe, kv_cache, metadata,
                     mla: MLAWeights, scale):
         md: TorchAttentionMetadata = metadata
         n = md.inputs.num_actual_tokens
-        write_latent_cache(kv_cache, kv_c[:n], k_pe[:n], md.inputs.slot_mapping[:n])
+        c_scale, pe_scale = self.layer_kv_scales(layer_idx, kv_cache, kv_c[:n], k_pe[:n])
+        write_latent_cache(kv_cache, kv_c[:n], k_pe[:n], md.inputs.slot_mapping[:n],
+                           c_scale, pe_scale)
         b, lat = md.inputs.num_reqs, mla.kv_lora_rank
         rows = kv_cache.index_select(0, md.blocks).view(-1, kv_cache.shape[-1])  # [B*S, L+R]
+        rows = dequantize_latent_rows(rows, lat, c_scale, pe_scale, q_nope.dtype)
         k_nope, val = mla.expand(rows[:, :lat])  # [B*S, H, N], [B*S, H, V]
         k_rope = rows[:, None, lat:].expand(-1, mla.num_heads, -1)  # one k_pe for every head
         key = torch.cat((k_nope, k_rope), dim=-1).unflatten(0, (b, -1))  # [B, S, H, N+R]
@@ -116,13 +134,29 @@ def _gather_kv(kv_cache: torch.Tensor, blocks: torch.Tensor, b: int):
     return key, val
 
 
+def dequantize_latent_rows(rows: torch.Tensor, lora: int, c_scale, pe_scale,
+                           dtype: torch.dtype) -> torch.Tensor:
+    """Latent rows [S, L + R] as `dtype`: an fp8 cache's | kv_c | k_pe | parts times their
+    scales (a cache in another dtype is returned as is)."""
+    if rows.dtype != FP8_KV_DTYPE:
+        return rows
+    return torch.cat((dequantize_kv_ref(rows[:, :lora], c_scale),
+                      dequantize_kv_ref(rows[:, lora:], pe_scale)), dim=-1).to(dtype)
+
+
 def write_kv_cache(
-    kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+    kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Reference KV write: token t goes to slot_mapping[t]; slots < 0 are skipped."""
+    """Reference KV write: token t goes to slot_mapping[t]; slots < 0 are skipped. An fp8 cache
+    stores fp8(x / scale) (k_scale / v_scale: fp32 [1])."""
     _, num_blocks, block_size, h, d = kv_cache.shape
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
+    if kv_cache.dtype == FP8_KV_DTYPE:
+        kv_cache[0].view(num_blocks * block_size, h, d)[slots] = quantize_kv_ref(k[valid], k_scale)
+        kv_cache[1].view(num_blocks * block_size, h, d)[slots] = quantize_kv_ref(v[valid], v_scale)
+        return
     kv_cache[0].view(num_blocks * block_size, h, d)[slots] = k[valid].to(kv_cache.dtype)
     kv_cache[1].view(num_blocks * block_size, h, d)[slots] = v[valid].to(kv_cache.dtype)
 

@@ -12,7 +12,9 @@ Per step and layer:
 The number of splits is chosen from the batch size and `max_model_len`, not from this step's
 lengths, so the launch grid depends only on the batch size (CUDA-graph friendly). On a machine
 without CUDA the kernels run in Triton's interpreter (see lab/kernels/__init__.py), which has no
-bf16 arithmetic: a bf16 KV cache is refused there.
+bf16 arithmetic: a bf16 KV cache is refused there. An fp8 KV cache (`cache.dtype=fp8`, scheme in
+lab/attention/base.py) is quantized by the write kernel and dequantized inside both attention
+kernels with the layer's scales; it runs in the interpreter too.
 """
 
 from __future__ import annotations
@@ -65,12 +67,16 @@ class TritonFlashBackend(SplitKVDecode, PagedKVBackend):
         md: TritonFlashMetadata = metadata
         a = md.inputs
         n = a.num_actual_tokens
-        write_kv_cache(k[:n], v[:n], kv_cache[0], kv_cache[1], a.slot_mapping[:n])
+        k_scale, v_scale = self.layer_kv_scales(layer_idx, kv_cache, k[:n], v[:n])
+        write_kv_cache(k[:n], v[:n], kv_cache[0], kv_cache[1], a.slot_mapping[:n],
+                       k_scale, v_scale)
         out = torch.zeros_like(q)
         if md.decode:
             paged_decode_attention(q[:n], kv_cache[0], kv_cache[1], out[:n], a.seq_lens,
-                                   a.block_table, scale, md.num_splits, self.workspace)
+                                   a.block_table, scale, md.num_splits, self.workspace,
+                                   k_scale=k_scale, v_scale=v_scale)
         else:
             paged_attention(q[:n], kv_cache[0], kv_cache[1], out[:n], a.query_start_loc,
-                            a.seq_lens, a.block_table, a.max_query_len, scale)
+                            a.seq_lens, a.block_table, a.max_query_len, scale,
+                            k_scale=k_scale, v_scale=v_scale)
         return out

@@ -16,6 +16,10 @@ A step with both kinds splits its requests into the two paths (token order is ke
 
 Softmax scale: the model passes (qk_nope + qk_rope)^-0.5 · mscale² (yarn), never the latent
 width. On a machine without CUDA the kernels run in Triton's interpreter (fp32/fp16 only).
+
+fp8 cache (`cache.dtype=fp8`, scheme in lab/attention/base.py: scales s_c for kv_c and s_pe for
+k_pe per layer): the write kernel quantizes, the decode kernel dequantizes in its tiles, and the
+expanded prefill dequantizes the gathered rows (to the model dtype) before kv_b_proj.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import triton
 from lab.attention.base import AttentionBackend, AttentionInputs, AttentionSpec, KVCacheSpec
 from lab.attention.mla import MLAAttentionMixin, MLAWeights
 from lab.attention.split_kv import SplitKVDecode
+from lab.attention.torch_backend import dequantize_latent_rows
 from lab.kernels.mla_cache_write import write_latent_cache
 from lab.kernels.mla_decode import mla_decode_attention, mla_head_blocks
 from lab.kernels.paged_prefill import paged_attention
@@ -89,29 +94,32 @@ class TritonMLABackend(SplitKVDecode, MLAAttentionMixin, AttentionBackend):
                     mla: MLAWeights, scale):
         md: TritonMLAMetadata = metadata
         n = md.inputs.num_actual_tokens
-        write_latent_cache(kv_c[:n], k_pe[:n], kv_cache, md.inputs.slot_mapping[:n])
+        scales = self.layer_kv_scales(layer_idx, kv_cache, kv_c[:n], k_pe[:n])
+        write_latent_cache(kv_c[:n], k_pe[:n], kv_cache, md.inputs.slot_mapping[:n], *scales)
         out = q_nope.new_zeros(q_nope.shape[0], mla.num_heads, mla.v_head_dim)
         for part, run in ((md.decode, self._decode), (md.prefill, self._prefill)):
             if part is not None:
                 rows = run(part, q_nope.index_select(0, part.token_idx),
-                           q_pe.index_select(0, part.token_idx), kv_cache, md, mla, scale)
+                           q_pe.index_select(0, part.token_idx), kv_cache, md, mla, scale,
+                           scales)
                 out.index_copy_(0, part.token_idx, rows)
         return out
 
-    def _decode(self, part: _Part, q_nope, q_pe, kv_cache, md, mla: MLAWeights, scale):
+    def _decode(self, part: _Part, q_nope, q_pe, kv_cache, md, mla: MLAWeights, scale, scales):
         """Absorbed latent decode: [b, H, N] queries -> [b, H, V]."""
         q_lat = torch.bmm(q_nope.transpose(0, 1), mla.w_uk).transpose(0, 1)  # [b, H, L]
         o_lat = torch.empty_like(q_lat)
         mla_decode_attention(q_lat.contiguous(), q_pe.contiguous(), kv_cache, o_lat,
                              part.seq_lens, part.block_table, scale, md.num_splits,
-                             self.workspace)
+                             self.workspace, *scales)
         return torch.bmm(o_lat.transpose(0, 1), mla.w_uv).transpose(0, 1)  # [b, H, V]
 
-    def _prefill(self, part: _Part, q_nope, q_pe, kv_cache, md, mla: MLAWeights, scale):
+    def _prefill(self, part: _Part, q_nope, q_pe, kv_cache, md, mla: MLAWeights, scale, scales):
         """Expanded prefill/extend: per-head K/V from the requests' latents, varlen flash."""
         b, nblk = part.block_table.shape
         bs, lora = kv_cache.shape[1], mla.kv_lora_rank
         rows = kv_cache.index_select(0, part.block_table.flatten().long()).flatten(0, 1)
+        rows = dequantize_latent_rows(rows, lora, *scales, q_nope.dtype)  # fp8: to model dtype
         k_nope, v = mla.expand(rows[:, :lora])  # [S, H, N], [S, H, V]
         nope, h = mla.qk_nope_head_dim, mla.num_heads
         width = triton.next_power_of_2(max(nope + mla.qk_rope_head_dim, mla.v_head_dim))

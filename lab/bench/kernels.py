@@ -90,7 +90,11 @@ def dense_kv(kv, block_table, ctx: int):
     return k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, D]
 
 
-def decode_row(env: Setup, row: str, batch: int, ctx: int, h=32, hkv=8, d=128, bs=16) -> Row:
+def decode_row(env: Setup, row: str, batch: int, ctx: int, h=32, hkv=8, d=128, bs=16,
+               kv_fp8: bool = False) -> Row:
+    """Paged decode; kv_fp8: the cache in float8 e4m3 with per-layer K/V scales (cache.dtype=fp8),
+    GB/s counted on the fp8 bytes; the torch baseline attends over the dequantized cache."""
+    from lab.attention.base import calibrate_kv_scale, dequantize_kv_ref, quantize_kv_ref
     from lab.kernels.paged_decode import (
         DecodeWorkspace,
         choose_num_splits,
@@ -99,6 +103,11 @@ def decode_row(env: Setup, row: str, batch: int, ctx: int, h=32, hkv=8, d=128, b
     )
 
     q, kv, bt, seq_lens, _ = paged_setup(env, batch, ctx, h, hkv, d, bs)
+    scales = {}
+    if kv_fp8:
+        ks, vs = calibrate_kv_scale(kv[0]), calibrate_kv_scale(kv[1])
+        kv = torch.stack((quantize_kv_ref(kv[0], ks), quantize_kv_ref(kv[1], vs)))
+        scales = dict(k_scale=ks, v_scale=vs)
     out = torch.empty_like(q)
     ws = DecodeWorkspace()
     sms = torch.cuda.get_device_properties(0).multi_processor_count if env.device == "cuda" else 8
@@ -106,17 +115,21 @@ def decode_row(env: Setup, row: str, batch: int, ctx: int, h=32, hkv=8, d=128, b
     scale = d**-0.5
 
     def run():
-        paged_decode_attention(q, kv[0], kv[1], out, seq_lens, bt, scale, splits, ws)
+        paged_decode_attention(q, kv[0], kv[1], out, seq_lens, bt, scale, splits, ws, **scales)
 
     run()
     ref = torch.empty_like(q)
-    paged_decode_attention_ref(q, kv[0], kv[1], ref, seq_lens, bt, scale, splits)
+    paged_decode_attention_ref(q, kv[0], kv[1], ref, seq_lens, bt, scale, splits, **scales)
     ok = torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    if kv_fp8:  # the baseline reads the dequantized cache in the model dtype
+        kv = torch.stack((dequantize_kv_ref(kv[0], scales["k_scale"]),
+                          dequantize_kv_ref(kv[1], scales["v_scale"]))).to(q.dtype)
     k, v = dense_kv(kv, bt, ctx)
     qd = q.view(batch, h, 1, d)
     t_torch = bench(lambda: F.scaled_dot_product_attention(qd, k, v, enable_gqa=True))
-    nbytes = 2 * batch * ctx * hkv * d * 2 + 2 * q.numel() * 2
-    return Row(row, f"paged decode (S={splits})", f"B={batch} ctx={ctx} {h}:{hkv} d{d} bs{bs}",
+    nbytes = 2 * batch * ctx * hkv * d * (1 if kv_fp8 else 2) + 2 * q.numel() * 2
+    name = "paged decode fp8" if kv_fp8 else "paged decode"
+    return Row(row, f"{name} (S={splits})", f"B={batch} ctx={ctx} {h}:{hkv} d{d} bs{bs}",
                bench(run), nbytes, "GB/s", t_torch, ok)
 
 
@@ -363,6 +376,7 @@ def all_rows(env: Setup, quick: bool) -> list[Row]:
     s = 4 if quick else 1
     rows = [decode_row(env, "1", 64 // s, 4096), decode_row(env, "2", 1, 32768 // s)]
     rows += [decode_row(env, "3", b, 1024) for b in (1, 4, 8)]
+    rows += [decode_row(env, "4", 64 // s, 4096, kv_fp8=True)]
     rows += [mla_row(env, "5", 64 // s, 4096, h=16),
              mla_row(env, "6", 64 // s, 4096, h=128, unit="TFLOP/s")]
     rows += [prefill_row(env, "7", 8192 // s, 8192 // s), prefill_row(env, "7", 16384 // s, 16384 // s),
@@ -382,6 +396,7 @@ def all_rows(env: Setup, quick: bool) -> list[Row]:
 def smoke_rows(env: Setup) -> list[Row]:
     """Every row function at tiny shapes (checks the script, not the speed)."""
     return [decode_row(env, "1", 2, 40, h=4, hkv=2, d=16, bs=4),
+            decode_row(env, "4", 2, 40, h=4, hkv=2, d=16, bs=4, kv_fp8=True),
             mla_row(env, "5", 2, 40, h=4, lora=24, rope=8, bs=4),
             mla_row(env, "6", 2, 40, h=20, lora=16, rope=8, bs=4, unit="TFLOP/s"),
             prefill_row(env, "7", 24, 16, h=4, hkv=2, d=16, bs=4),

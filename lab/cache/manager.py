@@ -11,6 +11,9 @@ to min(computed + hits + new, request.num_tokens) // block_size blocks.
 
 With a swap space (`swap_space_gb` > 0, used by preemption=swap) a preempted request's computed
 blocks can be parked in CPU memory (see lab/cache/swap.py) instead of being recomputed.
+
+`dtype` (cache.dtype: auto | fp8) is only validated and recorded here; the worker allocates the
+tensors in that dtype (lab/attention/base.py), and bytes_per_block already reflects it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from lab.attention.base import KV_CACHE_DTYPES
 from lab.cache.block import KVCacheBlock
 from lab.cache.block_pool import BlockPool
 from lab.cache.swap import SwapSpace, SwapStep
@@ -49,8 +53,13 @@ class KVCacheManager:
 
     def __init__(
         self, num_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True,
-        swap_space_gb: float = 0.0, bytes_per_block: int = 0,
+        swap_space_gb: float = 0.0, bytes_per_block: int = 0, dtype: str = "auto",
     ) -> None:
+        if dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"cache.dtype={dtype!r} is invalid: use one of "
+                             f"{', '.join(KV_CACHE_DTYPES)} (auto = the model dtype, fp8 = "
+                             "float8 e4m3 with per-layer scales)")
+        self.dtype = dtype
         if block_size <= 0 or max_model_len <= 0:
             raise ValueError(f"block_size={block_size}, max_model_len={max_model_len} must be > 0")
         if not isinstance(swap_space_gb, int | float) or swap_space_gb < 0:

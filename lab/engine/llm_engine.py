@@ -34,7 +34,7 @@ class LLMEngine:
         worker_factory = functools.partial(
             Worker, self.model_path, attn_backend, instantiate(cfg.kernels), cfg.device,
             cfg.dtype, cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.seed,
-            quant=instantiate(cfg.quant))
+            quant=instantiate(cfg.quant), kv_cache_dtype=cfg.cache.get("dtype", "auto"))
         self.executor = instantiate(cfg.executor)(worker_factory=worker_factory)
         worker = self.executor.worker
         self.hf_config = worker.hf_config

@@ -49,6 +49,15 @@ instead of being split across programs: a program owning half of O would still n
     (BLOCK_H = 128 does not fit: 256 accumulator registers per thread at 8 warps.)
   * Interpreter: cost is per op, not per element, so larger tiles (TILE_N = 64) and up to 64
     heads per program.
+fp8 cache (float8 e4m3fn, scheme in lab/attention/base.py; per layer one scale s_c for the kv_c
+part and one s_pe for the k_pe part): the tiles are loaded as fp8 and converted to the query's
+dtype (exact), and
+
+    S   = s_c · (Q_nope · Cᵀ) + s_pe · (Q_pe · Pᵀ),     out = s_c · (softmax(S) · C)
+
+(exact folds for power-of-two scales). The scales are fp32 [1] device tensors (None: 1.0) read
+in the kernel. Runs in the interpreter.
+
 `mla_head_blocks(H)` returns the programs per (request, split) so that callers can size the
 split count with `choose_num_splits(..., num_kv_heads=mla_head_blocks(H))`.
 """
@@ -61,7 +70,9 @@ import torch
 import triton
 import triton.language as tl
 
+from lab.attention.base import FP8_KV_DTYPE, dequantize_kv_ref
 from lab.kernels import check_dtype_supported, interpreter_active
+from lab.kernels.kv_cache_write import _scale_arg
 from lab.kernels.merge_attn_states import merge_attn_states
 from lab.kernels.paged_decode import DecodeWorkspace, _split_range
 
@@ -78,9 +89,9 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _mla_attend_tile(
     q_nope, q_pe, acc, m_i, l_i, start_n, end, bt_row_ptr, kv_ptr, stride_kvb, stride_kvs,
-    offs_l, mask_l, offs_r, mask_r, qk_scale,
+    offs_l, mask_l, offs_r, mask_r, qk_scale, c_scale, pe_scale,
     LORA: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """One online-softmax step over keys [start_n, start_n + TILE_N) ∩ [.., end) (log2 domain)."""
     offs_n = start_n + tl.arange(0, TILE_N)
@@ -91,8 +102,14 @@ def _mla_attend_tile(
                 other=0.0)  # [TILE_N, BLOCK_L]: keys' latent part and the values
     kpe = tl.load(row[:, None] + LORA + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :],
                   other=0.0)  # [TILE_N, BLOCK_R]
-    qk = tl.dot(q_nope, tl.trans(c), input_precision=DOT_PRECISION)
-    qk = tl.dot(q_pe, tl.trans(kpe), acc=qk, input_precision=DOT_PRECISION)
+    if KV_FP8:  # exact upcast to the query dtype; s_c also scales the output (in the caller)
+        c = c.to(q_nope.dtype)
+        kpe = kpe.to(q_pe.dtype)
+        qk = tl.dot(q_nope, tl.trans(c), input_precision=DOT_PRECISION) * c_scale
+        qk += tl.dot(q_pe, tl.trans(kpe), input_precision=DOT_PRECISION) * pe_scale
+    else:
+        qk = tl.dot(q_nope, tl.trans(c), input_precision=DOT_PRECISION)
+        qk = tl.dot(q_pe, tl.trans(kpe), acc=qk, input_precision=DOT_PRECISION)
     qk = tl.where(mask_n[None, :], qk * qk_scale, float("-inf"))  # [BLOCK_H, TILE_N]
     m_new = tl.maximum(m_i, tl.max(qk, axis=1))  # finite: the tile holds >= 1 valid key
     alpha = tl.exp2(m_i - m_new)
@@ -104,7 +121,7 @@ def _mla_attend_tile(
 
 @triton.jit
 def _mla_split_kernel(
-    qn_ptr, qp_ptr, kv_ptr, seq_lens_ptr, bt_ptr, o_ptr, lse_ptr,
+    qn_ptr, qp_ptr, kv_ptr, seq_lens_ptr, bt_ptr, o_ptr, lse_ptr, c_scale_ptr, pe_scale_ptr,
     qk_scale, H,
     stride_qnb, stride_qnh, stride_qpb, stride_qph,
     stride_kvb, stride_kvs,
@@ -114,6 +131,7 @@ def _mla_split_kernel(
     NUM_SPLITS: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     BLOCK_H: tl.constexpr, LORA: tl.constexpr, BLOCK_L: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr, STORE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Program (head block, b, split): BLOCK_H query heads of request b over one key split.
 
@@ -137,8 +155,14 @@ def _mla_split_kernel(
                      mask=mask_h[:, None] & mask_l[None, :], other=0.0)
     q_pe = tl.load(qp_ptr + b * stride_qpb + heads[:, None] * stride_qph + offs_r[None, :],
                    mask=mask_h[:, None] & mask_r[None, :], other=0.0)
-    q_nope = q_nope.to(kv_ptr.dtype.element_ty)
-    q_pe = q_pe.to(kv_ptr.dtype.element_ty)
+    if KV_FP8:
+        c_scale = tl.load(c_scale_ptr)
+        pe_scale = tl.load(pe_scale_ptr)
+    else:
+        q_nope = q_nope.to(kv_ptr.dtype.element_ty)
+        q_pe = q_pe.to(kv_ptr.dtype.element_ty)
+        c_scale = 1.0
+        pe_scale = 1.0
 
     bt_row_ptr = bt_ptr + b * stride_btb
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
@@ -147,14 +171,16 @@ def _mla_split_kernel(
     for start_n in range(start, end, TILE_N):
         acc, m_i, l_i = _mla_attend_tile(
             q_nope, q_pe, acc, m_i, l_i, start_n, end, bt_row_ptr, kv_ptr, stride_kvb, stride_kvs,
-            offs_l, mask_l, offs_r, mask_r, qk_scale,
-            LORA, BLOCK_SIZE, TILE_N, DOT_PRECISION,
+            offs_l, mask_l, offs_r, mask_r, qk_scale, c_scale, pe_scale,
+            LORA, BLOCK_SIZE, TILE_N, DOT_PRECISION, KV_FP8,
         )
 
     # Empty split (start == end): l_i = 0, m_i = -inf -> zeros and lse = -inf.
     nonempty = l_i > 0.0
     l_safe = tl.where(nonempty, l_i, 1.0)
     o = acc / l_safe[:, None]
+    if KV_FP8:
+        o = o * c_scale
     o_ptrs = o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_l[None, :]
     tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=mask_h[:, None] & mask_l[None, :])
     if STORE_LSE:
@@ -189,6 +215,8 @@ def mla_decode_attention(
     scale: float,
     num_splits: int,
     workspace: DecodeWorkspace | None = None,
+    c_scale: torch.Tensor | float | None = None,
+    pe_scale: torch.Tensor | float | None = None,
 ) -> None:
     """Absorbed MLA decode of q_nope [B, H, L], q_pe [B, H, R] over the paged latent cache
     kv_cache [num_blocks, block_size, L + R] into out [B, H, L].
@@ -196,17 +224,22 @@ def mla_decode_attention(
     out[b, h] = softmax(scale · (q_nope·c + q_pe·k_pe)) @ c over keys 0 .. seq_lens[b] - 1
     (zeros when seq_lens[b] == 0). One launch when num_splits == 1; otherwise stage 1 writes fp32
     partials into `workspace` (a fresh one when None) and `merge_attn_states` combines them.
+    An fp8 kv_cache is dequantized with c_scale / pe_scale (fp32 [1]; see the module docstring).
     """
     _check_inputs(q_nope, q_pe, kv_cache, out, seq_lens, block_table, num_splits)
     batch, num_heads, lora = q_nope.shape
     if batch == 0 or num_heads == 0:
         return
+    scales = (None, None)
+    if kv_cache.dtype == FP8_KV_DTYPE:
+        scales = (_scale_arg(c_scale, q_nope), _scale_arg(pe_scale, q_nope))
     if num_splits == 1:
-        _stage1(q_nope, q_pe, kv_cache, seq_lens, block_table, scale, 1, out, None)
+        _stage1(q_nope, q_pe, kv_cache, seq_lens, block_table, scale, 1, out, None, scales)
         return
     workspace = workspace if workspace is not None else DecodeWorkspace()
     p_out, p_lse = workspace.get(batch, num_heads, num_splits, lora, q_nope.device)
-    _stage1(q_nope, q_pe, kv_cache, seq_lens, block_table, scale, num_splits, p_out, p_lse)
+    _stage1(q_nope, q_pe, kv_cache, seq_lens, block_table, scale, num_splits, p_out, p_lse,
+            scales)
     merge_attn_states(p_out, p_lse, out)
 
 
@@ -231,10 +264,14 @@ def _check_inputs(q_nope, q_pe, kv_cache, out, seq_lens, block_table, num_splits
     if out.shape != q_nope.shape:
         raise ValueError(f"out {tuple(out.shape)} must match q_nope {tuple(q_nope.shape)}")
     dtypes = (torch.float16, torch.bfloat16, torch.float32)
-    if kv_cache.dtype not in dtypes or out.dtype not in dtypes:
-        raise ValueError(f"kv_cache/out must be fp16, bf16 or fp32, got {kv_cache.dtype}, "
-                         f"{out.dtype}")
-    if q_nope.dtype != kv_cache.dtype or q_pe.dtype != kv_cache.dtype:
+    if kv_cache.dtype not in (*dtypes, FP8_KV_DTYPE) or out.dtype not in dtypes:
+        raise ValueError(f"kv_cache must be fp16, bf16, fp32 or fp8 e4m3fn and out fp16, bf16 "
+                         f"or fp32, got {kv_cache.dtype}, {out.dtype}")
+    if kv_cache.dtype == FP8_KV_DTYPE:  # the dots run in the query's dtype
+        if q_nope.dtype not in dtypes or q_pe.dtype != q_nope.dtype:
+            raise ValueError(f"with an fp8 kv_cache q_nope ({q_nope.dtype}) and q_pe "
+                             f"({q_pe.dtype}) must share one of fp16, bf16, fp32")
+    elif q_nope.dtype != kv_cache.dtype or q_pe.dtype != kv_cache.dtype:
         raise ValueError(f"q_nope ({q_nope.dtype}) and q_pe ({q_pe.dtype}) must have "
                          f"kv_cache's dtype ({kv_cache.dtype})")
     if seq_lens.dtype != torch.int32 or seq_lens.shape != (batch,):
@@ -255,9 +292,10 @@ def _check_inputs(q_nope, q_pe, kv_cache, out, seq_lens, block_table, num_splits
         check_dtype_supported(t, name)
 
 
-def _stage1(q_nope, q_pe, kv_cache, seq_lens, block_table, scale, num_splits, o, lse):
+def _stage1(q_nope, q_pe, kv_cache, seq_lens, block_table, scale, num_splits, o, lse,
+            scales=(None, None)):
     """Launch the split kernel: o [B, H, L] when lse is None (direct), else partials
-    [B, H, S, L] with lse [B, H, S]."""
+    [B, H, S, L] with lse [B, H, S]. scales: (c_scale, pe_scale) for an fp8 cache."""
     batch, num_heads, lora = q_nope.shape
     rope = q_pe.shape[-1]
     if lse is None:
@@ -267,10 +305,14 @@ def _stage1(q_nope, q_pe, kv_cache, seq_lens, block_table, scale, num_splits, o,
         o_strides = (o.stride(0), o.stride(1), o.stride(2))
         l_strides = tuple(lse.stride())
     cfg = _launch_config(num_heads)
-    precision = "ieee" if kv_cache.dtype == torch.float32 else "tf32"
+    kv_fp8 = kv_cache.dtype == FP8_KV_DTYPE
+    compute_dtype = q_nope.dtype if kv_fp8 else kv_cache.dtype
+    precision = "ieee" if compute_dtype == torch.float32 else "tf32"
+    c_scale, pe_scale = scales if kv_fp8 else (seq_lens, seq_lens)  # unused pointers
     grid = (triton.cdiv(num_heads, cfg["BLOCK_H"]), batch, num_splits)
     _mla_split_kernel[grid](
         q_nope, q_pe, kv_cache, seq_lens, block_table, o, lse if lse is not None else o,
+        c_scale, pe_scale,
         scale * _LOG2E, num_heads,
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
         kv_cache.stride(0), kv_cache.stride(1),
@@ -279,7 +321,7 @@ def _stage1(q_nope, q_pe, kv_cache, seq_lens, block_table, scale, num_splits, o,
         NUM_SPLITS=num_splits, BLOCK_SIZE=kv_cache.shape[1], TILE_N=cfg["TILE_N"],
         BLOCK_H=cfg["BLOCK_H"], LORA=lora, BLOCK_L=max(16, triton.next_power_of_2(lora)),
         ROPE=rope, BLOCK_R=max(16, triton.next_power_of_2(rope)),
-        STORE_LSE=lse is not None, DOT_PRECISION=precision,
+        STORE_LSE=lse is not None, DOT_PRECISION=precision, KV_FP8=kv_fp8,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
@@ -291,9 +333,14 @@ def mla_decode_attention_ref(
     seq_lens: torch.Tensor,
     block_table: torch.Tensor,
     scale: float,
+    c_scale: torch.Tensor | float | None = None,
+    pe_scale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
-    """PyTorch reference (fp32 math, one request at a time): out [B, H, L] in q_nope's dtype."""
+    """PyTorch reference (fp32 math, one request at a time): out [B, H, L] in q_nope's dtype.
+    An fp8 cache is dequantized first (kv_c part * c_scale, k_pe part * pe_scale)."""
     batch, num_heads, lora = q_nope.shape
+    if kv_cache.dtype == FP8_KV_DTYPE:
+        c_scale, pe_scale = _scale_arg(c_scale, q_nope), _scale_arg(pe_scale, q_nope)
     block_size = kv_cache.shape[1]
     out = torch.zeros(batch, num_heads, lora, dtype=torch.float32, device=q_nope.device)
     for b in range(batch):
@@ -301,8 +348,9 @@ def mla_decode_attention_ref(
         if n == 0:
             continue
         pos = torch.arange(n, device=kv_cache.device)
-        rows = kv_cache[block_table[b].long()[pos // block_size], pos % block_size].float()
-        c, kpe = rows[:, :lora], rows[:, lora:]  # [n, L], [n, R]
+        rows = kv_cache[block_table[b].long()[pos // block_size], pos % block_size]
+        c = dequantize_kv_ref(rows[:, :lora], c_scale)  # [n, L]
+        kpe = dequantize_kv_ref(rows[:, lora:], pe_scale)  # [n, R]
         scores = (q_nope[b].float() @ c.T + q_pe[b].float() @ kpe.T) * scale  # [H, n]
         out[b] = torch.softmax(scores, dim=-1) @ c
     return out.to(q_nope.dtype)

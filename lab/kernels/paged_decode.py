@@ -12,6 +12,13 @@ BLOCK_G ≥ 16), so K and V are read once per KV head. The grid depends only on 
 num_splits; each program derives its key range from seq_lens on the GPU (CUDA-graph safe).
 With num_splits == 1 the program writes the normalised output (and lse) directly; otherwise it
 writes fp32 partials and LSEs that stage 2 (`merge_attn_states`) combines.
+
+fp8 cache (float8 e4m3fn, scheme in lab/attention/base.py): K/V tiles are loaded as fp8 and
+converted to the query's dtype (exact: every e4m3 value is a bf16/fp16/fp32 value), the dots run
+in that dtype, the K scale is folded into the softmax scale and the V scale multiplies the
+output (exact for the power-of-two scales the backends use). k_scale / v_scale are fp32 [1]
+device tensors (None: 1.0), read inside the kernel (no host sync, graph-safe). Runs in the
+interpreter (fp8 -> fp32 conversion is exact there).
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
+from lab.attention.base import FP8_KV_DTYPE, dequantize_kv_ref
 from lab.kernels import check_dtype_supported, interpreter_active
+from lab.kernels.kv_cache_write import _scale_arg
 from lab.kernels.merge_attn_states import merge_attn_states, merge_attn_states_ref
 
 _LOG2E = 1.4426950408889634
@@ -57,7 +66,7 @@ def _attend_tile(
     slot = (offs_n % BLOCK_SIZE).to(tl.int64)
     kv_mask = mask_n[:, None] & mask_d[None, :]
     k = tl.load(k_base + blk[:, None] * stride_kb + slot[:, None] * stride_ks + offs_d[None, :],
-                mask=kv_mask, other=0.0)
+                mask=kv_mask, other=0.0).to(q.dtype)  # fp8 cache: exact upcast; else a no-op
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, TILE_N]
     qk = tl.where(mask_n[None, :], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, axis=1))  # finite: the tile holds >= 1 valid key
@@ -65,14 +74,14 @@ def _attend_tile(
     p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = tl.load(v_base + blk[:, None] * stride_vb + slot[:, None] * stride_vs + offs_d[None, :],
-                mask=kv_mask, other=0.0)
+                mask=kv_mask, other=0.0).to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, seq_lens_ptr, bt_ptr, o_ptr, lse_ptr,
+    q_ptr, k_ptr, v_ptr, seq_lens_ptr, bt_ptr, o_ptr, lse_ptr, k_scale_ptr, v_scale_ptr,
     qk_scale, G,
     stride_qb, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -82,7 +91,7 @@ def _decode_split_kernel(
     stride_lb, stride_lh, stride_ls,
     NUM_SPLITS: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """Program (b, kv_head, split): attention of the G query heads of kv_head over one split.
 
@@ -101,7 +110,10 @@ def _decode_split_kernel(
     heads = (kvh * G + offs_g).to(tl.int64)  # query heads of this kv head (rows >= G are padding)
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=mask_g[:, None] & mask_d[None, :], other=0.0)
-    q = q.to(k_ptr.dtype.element_ty)
+    if KV_FP8:  # q keeps its dtype; K's scale joins the softmax scale
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+    else:
+        q = q.to(k_ptr.dtype.element_ty)
 
     k_base = k_ptr + kvh.to(tl.int64) * stride_kh
     v_base = v_ptr + kvh.to(tl.int64) * stride_vh
@@ -120,6 +132,8 @@ def _decode_split_kernel(
     nonempty = l_i > 0.0
     l_safe = tl.where(nonempty, l_i, 1.0)
     o = acc / l_safe[:, None]
+    if KV_FP8:
+        o = o * tl.load(v_scale_ptr)
     o_ptrs = o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :]
     tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
     if STORE_LSE:
@@ -201,8 +215,11 @@ def paged_decode_attention(
     num_splits: int,
     workspace: DecodeWorkspace | None = None,
     lse: torch.Tensor | None = None,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
 ) -> None:
     """Decode attention of q [B, H, D] over the paged cache into out [B, H, D] (lse [B, H] fp32).
+    An fp8 cache is dequantized with k_scale / v_scale (fp32 [1]; see the module docstring).
 
     One launch when num_splits == 1; otherwise stage 1 writes fp32 partials into `workspace`
     (a fresh one when None) and `merge_attn_states` combines them.
@@ -211,13 +228,17 @@ def paged_decode_attention(
     batch, num_heads, head_dim = q.shape
     if batch == 0:
         return
+    scales = (None, None)
+    if k_cache.dtype == FP8_KV_DTYPE:
+        scales = (_scale_arg(k_scale, q), _scale_arg(v_scale, q))
     if num_splits == 1:
-        _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, 1, out, lse, direct=True)
+        _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, 1, out, lse, direct=True,
+                scales=scales)
         return
     workspace = workspace if workspace is not None else DecodeWorkspace()
     p_out, p_lse = workspace.get(batch, num_heads, num_splits, head_dim, q.device)
     _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, p_out, p_lse,
-            direct=False)
+            direct=False, scales=scales)
     merge_attn_states(p_out, p_lse, out, lse)
 
 
@@ -235,8 +256,10 @@ def _check_inputs(q, k_cache, v_cache, out, seq_lens, block_table, num_splits) -
     check_dtype_supported(k_cache, "k_cache")
 
 
-def _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, o, lse, direct):
-    """Launch the split kernel; `direct` writes o [B, H, D] instead of partials [B, H, S, D]."""
+def _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, o, lse, direct,
+            scales=(None, None)):
+    """Launch the split kernel; `direct` writes o [B, H, D] instead of partials [B, H, S, D].
+    scales: (k_scale, v_scale) fp32 [1] tensors for an fp8 cache, else (None, None)."""
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -248,9 +271,12 @@ def _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, o, ls
         o_strides = (o.stride(0), o.stride(1), o.stride(2))
         l_strides = tuple(lse.stride())
     cfg = _launch_config(head_dim)
-    precision = "ieee" if k_cache.dtype == torch.float32 else "tf32"
+    kv_fp8 = k_cache.dtype == FP8_KV_DTYPE
+    compute_dtype = q.dtype if kv_fp8 else k_cache.dtype
+    precision = "ieee" if compute_dtype == torch.float32 else "tf32"
+    k_scale, v_scale = scales if kv_fp8 else (seq_lens, seq_lens)  # unused pointers
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, seq_lens, block_table, o, lse if store_lse else o,
+        q, k_cache, v_cache, seq_lens, block_table, o, lse if store_lse else o, k_scale, v_scale,
         scale * _LOG2E, group,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -260,7 +286,7 @@ def _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, o, ls
         NUM_SPLITS=num_splits, BLOCK_SIZE=block_size, TILE_N=cfg["TILE_N"],
         BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        STORE_LSE=store_lse, DOT_PRECISION=precision,
+        STORE_LSE=store_lse, DOT_PRECISION=precision, KV_FP8=kv_fp8,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
@@ -275,8 +301,11 @@ def paged_decode_attention_ref(
     scale: float,
     num_splits: int,
     lse: torch.Tensor | None = None,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """PyTorch reference (fp32 math) of the split computation; writes out (and lse), returns lse.
+    An fp8 cache is dequantized (q_fp8 * scale, `dequantize_kv_ref`) before the math.
 
     Splits use chunk = cdiv(L, num_splits) without tile rounding (the math is the same); each
     split's partial output and LSE are merged by `merge_attn_states_ref`.
@@ -285,7 +314,8 @@ def paged_decode_attention_ref(
     p_out = torch.zeros(batch, num_heads, num_splits, head_dim, device=q.device)
     p_lse = torch.full((batch, num_heads, num_splits), float("-inf"), device=q.device)
     for b in range(batch):
-        keys, vals = _gather_request_kv(k_cache, v_cache, block_table[b], int(seq_lens[b]))
+        keys, vals = _gather_request_kv(k_cache, v_cache, block_table[b], int(seq_lens[b]),
+                                        k_scale, v_scale)
         keys = keys.repeat_interleave(num_heads // k_cache.shape[2], dim=1)  # [L, H, D]
         vals = vals.repeat_interleave(num_heads // k_cache.shape[2], dim=1)
         chunk = -(-keys.shape[0] // num_splits)
@@ -299,9 +329,12 @@ def paged_decode_attention_ref(
     return merge_attn_states_ref(p_out, p_lse, out, lse)
 
 
-def _gather_request_kv(k_cache, v_cache, table_row, seq_len):
-    """Keys and values [L, Hkv, D] (fp32) of positions 0..L-1 of one request."""
+def _gather_request_kv(k_cache, v_cache, table_row, seq_len, k_scale=None, v_scale=None):
+    """Keys and values [L, Hkv, D] (fp32, dequantized) of positions 0..L-1 of one request."""
     pos = torch.arange(seq_len, device=k_cache.device)
     blocks = table_row.long()[pos // k_cache.shape[1]]
     slots = pos % k_cache.shape[1]
-    return k_cache[blocks, slots].float(), v_cache[blocks, slots].float()
+    if k_cache.dtype == FP8_KV_DTYPE:
+        k_scale, v_scale = _scale_arg(k_scale, k_cache), _scale_arg(v_scale, k_cache)
+    return (dequantize_kv_ref(k_cache[blocks, slots], k_scale),
+            dequantize_kv_ref(v_cache[blocks, slots], v_scale))

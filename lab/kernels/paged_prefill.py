@@ -14,6 +14,10 @@ Kernel design (kernel-targets §3.1, vLLM unified attention):
 - The KV loop walks TILE_N key positions at a time, independent of the cache block size; a key at
   position p lives at block block_table[b, p // block_size], offset p % block_size.
 - FlashAttention-2 online softmax in fp32 (exp2 with log2(e) folded into the scale).
+- fp8 cache (float8 e4m3fn, scheme in lab/attention/base.py): K/V tiles are loaded as fp8 and
+  converted to q's dtype (exact), the K scale is folded into the softmax scale and the V scale
+  multiplies the output (exact for power-of-two scales). k_scale / v_scale are fp32 [1] device
+  tensors (None: 1.0). Runs in the interpreter.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
+from lab.attention.base import FP8_KV_DTYPE, dequantize_kv_ref
 from lab.kernels import check_dtype_supported, interpreter_active
+from lab.kernels.kv_cache_write import _scale_arg
 
 _LOG2E = 1.4426950408889634
 
@@ -39,6 +45,7 @@ def _attend_tile(
     HEAD_DIM: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """One online-softmax step over keys start .. start+TILE_N-1 of one request and KV head.
 
@@ -61,6 +68,9 @@ def _attend_tile(
     else:
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
+    if KV_FP8:  # exact upcast to q's dtype; the scales are applied outside
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
 
     s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N], log2 units
     if MASKED:
@@ -78,7 +88,7 @@ def _attend_tile(
 @triton.jit
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-    qsl_ptr, seq_lens_ptr, bt_ptr,
+    qsl_ptr, seq_lens_ptr, bt_ptr, k_scale_ptr, v_scale_ptr,
     qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_co, stride_ch,
@@ -89,6 +99,7 @@ def _paged_prefill_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Attention of BLOCK_Q query tokens x G heads of request program_id(1), KV head program_id(2)."""
     b = tl.program_id(1)
@@ -110,6 +121,8 @@ def _paged_prefill_kernel(
     q_ptrs = q_ptr + (row_off * stride_qt + head * stride_qh)[:, None] + dims[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     q_pos = ctx + tok
+    if KV_FP8:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
 
     # Key ranges of this program (q1 = one past its last valid token):
     #   keys:  | 0 ............ full_end | ............ kv_end | ... seq_len |
@@ -129,16 +142,18 @@ def _paged_prefill_kernel(
         acc, l_i, m_i = _attend_tile(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_off,
             start, kv_end, qk_scale, stride_cb, stride_co,
-            BLOCK_SIZE, TILE_N, HEAD_DIM, False, DOT_PRECISION,
+            BLOCK_SIZE, TILE_N, HEAD_DIM, False, DOT_PRECISION, KV_FP8,
         )
     for start in range(full_end, kv_end, TILE_N):
         acc, l_i, m_i = _attend_tile(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_off,
             start, kv_end, qk_scale, stride_cb, stride_co,
-            BLOCK_SIZE, TILE_N, HEAD_DIM, True, DOT_PRECISION,
+            BLOCK_SIZE, TILE_N, HEAD_DIM, True, DOT_PRECISION, KV_FP8,
         )
 
     acc = acc / l_i[:, None]
+    if KV_FP8:
+        acc = acc * tl.load(v_scale_ptr)
     o_ptrs = out_ptr + (row_off * stride_ot + head * stride_oh)[:, None] + dims[None, :]
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
@@ -194,12 +209,15 @@ def paged_attention(
     *,
     block_m: int | None = None,
     tile_n: int | None = None,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
 ) -> None:
     """Causal varlen attention of q [T, H, D] over the paged cache, written into out [T, H, D].
 
     Rows of `out` past query_start_loc[B] are left untouched. `block_m` / `tile_n` override the
     tile choice of `pick_config` (tests and tuning); block_m must be a power of two >= 16 and
-    >= H / Hkv, tile_n a power of two >= 16.
+    >= H / Hkv, tile_n a power of two >= 16. An fp8 cache is dequantized with k_scale /
+    v_scale (fp32 [1]; see the module docstring).
     """
     _check_args(q, k_cache, v_cache, out, query_start_loc, seq_lens, block_table)
     check_dtype_supported(q, "paged_attention q")  # bf16 tl.dot is garbage in the interpreter
@@ -221,10 +239,15 @@ def paged_attention(
     assert cfg["BLOCK_M"] >= max(16, g) and cfg["BLOCK_M"] & (cfg["BLOCK_M"] - 1) == 0
     assert cfg["TILE_N"] >= 16 and cfg["TILE_N"] & (cfg["TILE_N"] - 1) == 0
     block_q = cfg["BLOCK_M"] // g
+    kv_fp8 = k_cache.dtype == FP8_KV_DTYPE
+    if kv_fp8:
+        k_scale, v_scale = _scale_arg(k_scale, q), _scale_arg(v_scale, q)
+    else:
+        k_scale = v_scale = seq_lens  # unused pointers
     grid = (triton.cdiv(max_query_len, block_q), b, hkv)
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, out,
-        query_start_loc, seq_lens, block_table,
+        query_start_loc, seq_lens, block_table, k_scale, v_scale,
         scale * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -234,6 +257,7 @@ def paged_attention(
         BLOCK_SIZE=k_cache.shape[1],
         # fp32: 3-pass tf32 on tensor cores (~fp32 accurate); ignored for 16-bit inputs
         DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
+        KV_FP8=kv_fp8,
         **cfg,
     )
 
@@ -248,11 +272,15 @@ def paged_attention_ref(
     block_table: torch.Tensor,
     max_query_len: int,
     scale: float,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
 ) -> None:
     """PyTorch reference of `paged_attention`: per request, dense causal attention in fp32 over
     keys gathered from the cache through the block table; GQA by repeat_interleave."""
     block_size = k_cache.shape[1]
     group = q.shape[1] // k_cache.shape[2]
+    if k_cache.dtype == FP8_KV_DTYPE:
+        k_scale, v_scale = _scale_arg(k_scale, q), _scale_arg(v_scale, q)
     qsl = query_start_loc.tolist()
     for b, seq_len in enumerate(seq_lens.tolist()):
         start, end = qsl[b], qsl[b + 1]
@@ -261,8 +289,8 @@ def paged_attention_ref(
             continue
         pos = torch.arange(seq_len, device=q.device)
         blk, off = block_table[b, pos // block_size].long(), pos % block_size
-        k = k_cache[blk, off].float().repeat_interleave(group, dim=1)  # [seq_len, H, D]
-        v = v_cache[blk, off].float().repeat_interleave(group, dim=1)
+        k = dequantize_kv_ref(k_cache[blk, off], k_scale).repeat_interleave(group, dim=1)
+        v = dequantize_kv_ref(v_cache[blk, off], v_scale).repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), k) * scale
         q_pos = seq_len - q_len + torch.arange(q_len, device=q.device)
         scores.masked_fill_(pos[None, :] > q_pos[:, None], -math.inf)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from lab.attention.base import AttentionBackend, KVCacheSpec
+from lab.attention.base import AttentionBackend, KVCacheSpec, kv_cache_torch_dtype
 from lab.layers.ops import LayerOps
 from lab.models.loader import load_model, resolve_dtype
 from lab.quant.base import QuantConfig, weight_bytes
@@ -53,9 +53,10 @@ class Worker:
     def __init__(
         self, model_path: Path, attn_backend: AttentionBackend, ops: LayerOps, device: str,
         dtype: str, block_size: int, max_num_seqs: int, max_num_batched_tokens: int, seed: int,
-        quant: QuantConfig | None = None,
+        quant: QuantConfig | None = None, kv_cache_dtype: str = "auto",
     ) -> None:
         self.device = resolve_device(device)
+        self.kv_cache_dtype = kv_cache_dtype  # cache.dtype: auto (the model's) | fp8
         torch.manual_seed(seed)
         self.attn_backend = attn_backend
         self.block_size = block_size
@@ -84,7 +85,8 @@ class Worker:
 
     @property
     def kv_spec(self) -> KVCacheSpec:
-        return self.attn_backend.kv_cache_spec(self.model.attention_spec, self.block_size, self.dtype)
+        dtype = kv_cache_torch_dtype(self.kv_cache_dtype, self.dtype)
+        return self.attn_backend.kv_cache_spec(self.model.attention_spec, self.block_size, dtype)
 
     @property
     def bytes_per_block(self) -> int:

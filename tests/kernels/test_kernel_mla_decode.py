@@ -240,12 +240,13 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     for heads, splits in ((16, 1), (16, 4), (32, 4), (128, 1)):
         cfg = md._launch_config(heads)
         types = {n: "*bf16" for n in ("qn_ptr", "qp_ptr", "kv_ptr", "o_ptr")}
-        types.update(seq_lens_ptr="*i32", bt_ptr="*i32", lse_ptr="*fp32", qk_scale="fp32")
+        types.update(seq_lens_ptr="*i32", bt_ptr="*i32", lse_ptr="*fp32", qk_scale="fp32",
+                     c_scale_ptr="*fp32", pe_scale_ptr="*fp32")
         if splits > 1:
             types["o_ptr"] = "*fp32"
         consts = dict(NUM_SPLITS=splits, BLOCK_SIZE=64, TILE_N=cfg["TILE_N"],
                       BLOCK_H=cfg["BLOCK_H"], LORA=512, BLOCK_L=512, ROPE=64, BLOCK_R=64,
-                      STORE_LSE=splits > 1, DOT_PRECISION="tf32")
+                      STORE_LSE=splits > 1, DOT_PRECISION="tf32", KV_FP8=False)
         sig = {n: types.get(n, "constexpr" if n in consts else "i32") for n in fn.arg_names}
         aligned = [i for i, n in enumerate(fn.arg_names) if n.endswith("_ptr")
                    or (n.startswith("stride") and n not in ("stride_os", "stride_ls"))]

@@ -238,11 +238,13 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     for splits, hd in ((1, 128), (8, 128), (4, 64)):
         cfg = pd._launch_config(hd)
         types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}
-        types.update(seq_lens_ptr="*i32", bt_ptr="*i32", lse_ptr="*fp32", qk_scale="fp32")
+        types.update(seq_lens_ptr="*i32", bt_ptr="*i32", lse_ptr="*fp32", qk_scale="fp32",
+                     k_scale_ptr="*fp32", v_scale_ptr="*fp32")
         if splits > 1:
             types["o_ptr"] = "*fp32"
         consts = dict(NUM_SPLITS=splits, BLOCK_SIZE=16, TILE_N=cfg["TILE_N"], BLOCK_G=16,
-                      HEAD_DIM=hd, BLOCK_D=hd, STORE_LSE=True, DOT_PRECISION="tf32")
+                      HEAD_DIM=hd, BLOCK_D=hd, STORE_LSE=True, DOT_PRECISION="tf32",
+                      KV_FP8=False)
         aligned = {n for n in fn.arg_names if n.endswith("_ptr") or n.startswith("stride")}
         k = build(fn, types, consts, aligned - {"stride_os", "stride_ls"},
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
