@@ -45,7 +45,7 @@ import triton.language as tl
 from lab.kernels import check_dtype_supported, interpreter_active
 from lab.kernels.moe_align import max_num_blocks, moe_align
 from lab.kernels.silu_and_mul import silu_and_mul
-from lab.kernels.tiles import grouped_tile
+from lab.kernels.tiles import grouped_tile, load_k_step
 
 
 @triton.jit
@@ -82,13 +82,7 @@ def _moe_gemm_kernel(
               + offs_k[:, None])  # [BLOCK_K, BLOCK_N] tile of B[e]^T
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for kk in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            k_ok = offs_k < K - kk * BLOCK_K
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        a, b = load_k_step(a_ptrs, b_ptrs, K - kk * BLOCK_K, offs_k, EVEN_K)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from lab.kernels import interpreter_active
-from lab.kernels.tiles import grouped_tile
+from lab.kernels.tiles import grouped_tile, load_k_step
 
 
 @triton.jit
@@ -57,13 +57,7 @@ def _scaled_mm_kernel(
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for kk in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(w_ptrs)
-        else:
-            k_ok = offs_k < K - kk * BLOCK_K
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-            b = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+        a, b = load_k_step(a_ptrs, w_ptrs, K - kk * BLOCK_K, offs_k, EVEN_K)
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K

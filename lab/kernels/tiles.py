@@ -23,3 +23,17 @@ def grouped_tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
     pid_m = first_m + (pid % per_group) % group_size
     pid_n = (pid % per_group) // group_size
     return pid_m, pid_n
+
+
+@triton.jit
+def load_k_step(a_ptrs, b_ptrs, k_left, offs_k, EVEN_K: tl.constexpr):
+    """One K step of a GEMM: the A [BLOCK_M, BLOCK_K] and B^T [BLOCK_K, BLOCK_N] tiles, with the
+    columns / rows at or past `k_left` (the K remaining) read as zero unless EVEN_K."""
+    if EVEN_K:
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+    else:
+        k_ok = offs_k < k_left
+        a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+    return a, b

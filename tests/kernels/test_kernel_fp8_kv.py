@@ -6,10 +6,6 @@ even); attention kernels compare with fp32 queries (interpreter on CPU; "ieee" d
 references, which dequantize the cache first.
 """
 
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -31,6 +27,7 @@ from lab.kernels.mla_cache_write import write_latent_cache
 from lab.kernels.mla_decode import mla_decode_attention, mla_decode_attention_ref
 from lab.kernels.paged_decode import paged_decode_attention, paged_decode_attention_ref
 from lab.kernels.paged_prefill import paged_attention, paged_attention_ref
+from tests.kernels.sm90 import compile_for_sm90
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = dict(atol=2e-4, rtol=2e-4)  # fp32 queries: only summation order differs
@@ -263,57 +260,44 @@ def test_fp8_decode_close_to_full_precision():
     assert err < 0.06
 
 
-_COMPILE_SCRIPT = textwrap.dedent("""
-    import triton
-    from triton.backends.compiler import GPUTarget
+_COMPILE_SCRIPT = """
     from lab.kernels import kv_cache_write as kw, mla_cache_write as mw, mla_decode as md
     from lab.kernels import paged_decode as pd, paged_prefill as pp
 
-    def build(fn, types, consts, **opts):
-        sig = {n: types.get(n, "constexpr" if n in consts else "i32") for n in fn.arg_names}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                 if n.endswith("_ptr")}
-        src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    def build_fp8(fn, types, consts, **opts):  # pointer arguments 16-byte aligned
+        return build(fn, types, consts, {n for n in fn.arg_names if n.endswith("_ptr")}, **opts)
 
     f32 = dict(qk_scale="fp32")
     sc = {n: "*fp32" for n in ("k_scale_ptr", "v_scale_ptr", "c_scale_ptr", "pe_scale_ptr")}
-    k = build(pd._decode_split_kernel,
+    k = build_fp8(pd._decode_split_kernel,
               dict(q_ptr="*bf16", k_ptr="*fp8e4nv", v_ptr="*fp8e4nv", o_ptr="*bf16",
                    seq_lens_ptr="*i32", bt_ptr="*i32", lse_ptr="*fp32", **sc, **f32),
               dict(NUM_SPLITS=1, BLOCK_SIZE=16, TILE_N=64, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128,
                    STORE_LSE=False, DOT_PRECISION="tf32", KV_FP8=True), num_warps=4, num_stages=2)
     assert "mma.sync" in k.asm["ptx"]
-    build(pp._paged_prefill_kernel,
+    build_fp8(pp._paged_prefill_kernel,
           dict(q_ptr="*bf16", k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv", out_ptr="*bf16",
                qsl_ptr="*i32", seq_lens_ptr="*i32", bt_ptr="*i32", **sc, **f32),
           dict(G=4, BLOCK_Q=16, BLOCK_M=64, TILE_N=64, HEAD_DIM=128, BLOCK_SIZE=16,
                DOT_PRECISION="tf32", KV_FP8=True), num_warps=4, num_stages=3)
-    build(md._mla_split_kernel,
+    build_fp8(md._mla_split_kernel,
           dict(qn_ptr="*bf16", qp_ptr="*bf16", kv_ptr="*fp8e4nv", o_ptr="*bf16",
                seq_lens_ptr="*i32", bt_ptr="*i32", lse_ptr="*fp32", **sc, **f32),
           dict(NUM_SPLITS=1, BLOCK_SIZE=64, TILE_N=32, BLOCK_H=16, LORA=512, BLOCK_L=512,
                ROPE=64, BLOCK_R=64, STORE_LSE=False, DOT_PRECISION="tf32", KV_FP8=True),
           num_warps=8, num_stages=3)
-    build(kw._kv_cache_write_kernel,
+    build_fp8(kw._kv_cache_write_kernel,
           dict(k_ptr="*bf16", v_ptr="*bf16", k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv",
                slot_ptr="*i64", **sc),
           dict(BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_H=8, BLOCK_T=2, FP8=True), num_warps=4)
-    build(mw._latent_write_kernel,
+    build_fp8(mw._latent_write_kernel,
           dict(c_ptr="*bf16", pe_ptr="*bf16", cache_ptr="*fp8e4nv", slot_ptr="*i64", **sc),
           dict(BLOCK_SIZE=64, BLOCK_T=4, BLOCK_W=1024, FP8=True), num_warps=4)
     print("ok")
-""")
+"""
 
 
 def test_fp8_kernels_compile_for_hopper():
     """AOT-compile every fp8-cache kernel variant for sm_90 with bf16 activations (no GPU
     needed): the fp8 loads, upcasts, scale folds and quantizing stores lower to PTX."""
-    pytest.importorskip("triton.backends.nvidia")
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=root)
-    if "ptxas" in proc.stderr and "not found" in proc.stderr:
-        pytest.skip("no ptxas in this triton install")
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+    compile_for_sm90(_COMPILE_SCRIPT)

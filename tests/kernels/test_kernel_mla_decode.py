@@ -4,11 +4,6 @@ The latent cache is poisoned with NaN outside the live tokens (null block 0, unu
 past a request's length), so any unmasked read of them shows up as NaN in the output.
 """
 
-import os
-import re
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -24,6 +19,7 @@ from lab.kernels.mla_decode import (
     mla_head_blocks,
 )
 from lab.kernels.paged_decode import choose_num_splits
+from tests.kernels.sm90 import compile_for_sm90
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 dots are tf32 on a GPU; exact fp32 in the interpreter.
@@ -229,10 +225,8 @@ def test_head_blocks_for_split_sizing():
     assert 1 <= splits <= 16
 
 
-_COMPILE_SCRIPT = textwrap.dedent("""
+_COMPILE_SCRIPT = """
     import os, re, subprocess, tempfile
-    import triton
-    from triton.backends.compiler import GPUTarget
     from lab.kernels import mla_decode as md
 
     fn = md._mla_split_kernel
@@ -247,13 +241,10 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         consts = dict(NUM_SPLITS=splits, BLOCK_SIZE=64, TILE_N=cfg["TILE_N"],
                       BLOCK_H=cfg["BLOCK_H"], LORA=512, BLOCK_L=512, ROPE=64, BLOCK_R=64,
                       STORE_LSE=splits > 1, DOT_PRECISION="tf32", KV_FP8=False)
-        sig = {n: types.get(n, "constexpr" if n in consts else "i32") for n in fn.arg_names}
-        aligned = [i for i, n in enumerate(fn.arg_names) if n.endswith("_ptr")
-                   or (n.startswith("stride") and n not in ("stride_os", "stride_ls"))]
-        src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts,
-                                        attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                           options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+        aligned = {n for n in fn.arg_names if n.endswith("_ptr")
+                   or (n.startswith("stride") and n not in ("stride_os", "stride_ls"))}
+        k = build(fn, types, consts, aligned, num_warps=cfg["num_warps"],
+                  num_stages=cfg["num_stages"])
         ptx = k.asm["ptx"]
         assert "cp.async" in ptx and "ld.global.b16" not in ptx, heads
         assert ("wgmma" in ptx) == (cfg["BLOCK_H"] >= 64) and ("wgmma" in ptx or "mma.sync" in ptx)
@@ -266,20 +257,13 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         assert stack and max(stack) == 0, (heads, splits, usage)  # no register spills
         print(heads, splits, re.findall(r"REG:\\d+", usage), k.metadata.shared)
     print("ok")
-""")
+"""
 
 
 def test_kernel_compiles_for_hopper_without_spills():
     """AOT-compile the sm_90 configs at DeepSeek's shape (L=512, R=64, bf16, block 64; no GPU
     needed): tensor-core dots (wgmma at 64 heads per program), async tile loads, no spills."""
-    pytest.importorskip("triton.backends.nvidia")
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=root)
-    if re.search(r"(ptxas|cuobjdump).*(not found|No such file)", proc.stderr):
-        pytest.skip("no ptxas/cuobjdump in this triton install")
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+    compile_for_sm90(_COMPILE_SCRIPT)
 
 
 @pytest.mark.gpu

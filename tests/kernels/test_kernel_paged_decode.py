@@ -4,10 +4,6 @@ Caches are poisoned with NaN outside the live keys (null block 0, unused blocks,
 request's length), so any unmasked read of them shows up as NaN in the output.
 """
 
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -21,6 +17,7 @@ from lab.kernels.paged_decode import (
     paged_decode_attention,
     paged_decode_attention_ref,
 )
+from tests.kernels.sm90 import compile_for_sm90
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -223,16 +220,8 @@ def test_choose_num_splits_properties(b, seq, hkv, sms, min_keys, max_splits):
     assert choose_num_splits(b + 1, seq, sms, min_keys, max_splits, hkv) <= s
 
 
-_COMPILE_SCRIPT = textwrap.dedent("""
-    import triton
-    from triton.backends.compiler import GPUTarget
+_COMPILE_SCRIPT = """
     from lab.kernels import merge_attn_states as ma, paged_decode as pd
-
-    def build(fn, types, consts, aligned, **opts):
-        sig = {n: types.get(n, "constexpr" if n in consts else "i32") for n in fn.arg_names}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
-        src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
     fn = pd._decode_split_kernel
     for splits, hd in ((1, 128), (8, 128), (4, 64)):
@@ -257,19 +246,12 @@ _COMPILE_SCRIPT = textwrap.dedent("""
               num_warps=2)
     assert "ld.global.v4" in k.asm["ptx"]
     print("ok")
-""")
+"""
 
 
 def test_kernels_compile_for_hopper():
     """AOT-compile the kernels for sm_90 (no GPU needed): tensor-core dot, async vector loads."""
-    pytest.importorskip("triton.backends.nvidia")
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(
-                              os.path.dirname(os.path.abspath(__file__)))))
-    if "ptxas" in proc.stderr and "not found" in proc.stderr:
-        pytest.skip("no ptxas in this triton install")
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+    compile_for_sm90(_COMPILE_SCRIPT)
 
 
 @pytest.mark.gpu
