@@ -48,12 +48,15 @@ def _round_to_e4m3(v):
     """Round fp32 v (|v| <= 448) to the nearest e4m3 value, ties to even, in fp32: the spacing is
     2**(e - 3) for exponent e >= -6 and 2**-9 below (subnormals). Done before the conversion
     because the interpreter's fp32 -> fp8 conversion mishandles a carry into the exponent
-    (125.6 became 64); on the GPU the conversion then is exact either way."""
+    (125.6 became 64); on the GPU the conversion then is exact either way. Tiny negatives round
+    to -0.0, as torch's conversion does."""
     e = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
     e = tl.maximum(e, 127 - 6) - 3
     ulp = (e << 23).to(tl.float32, bitcast=True)
     inv_ulp = ((254 - e) << 23).to(tl.float32, bitcast=True)  # exact powers of two
-    return _round_half_even(v * inv_ulp) * ulp
+    r = _round_half_even(v * inv_ulp) * ulp
+    sign = v.to(tl.int32, bitcast=True) & -0x80000000  # keep the sign of values rounded to 0
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
