@@ -6,6 +6,11 @@ reference). Contract of `fused_moe` / `fused_moe_ref` (HF DeepseekV2/V3 MoE nume
     out[t] = sum_j topk_weights[t, j] * w2[e] (silu(gate) * up),  (gate | up) = w13[e] x[t],
     e = topk_ids[t, j]; out [T, hidden] in x's dtype.
 
+8-bit expert weights (`w13_scale` [E, 2I], `w2_scale` [E, hidden], fp32): w13 / w2 then hold int8
+or float8_e4m3fn values with one scale per expert and output channel, W = w * scale[:, :, None];
+the kernel converts each weight tile to x's dtype (exact for both) and multiplies the fp32
+accumulator by the column's scale once after the K loop (the scale factors out of the sum).
+
 Data flow (n = T*k (token, expert) pairs, pair i = t*k + j; no host sync anywhere):
 
     topk_ids [T, k] --moe_align--> sorted_token_ids (pairs grouped by expert, each expert padded
@@ -50,12 +55,13 @@ from lab.kernels.tiles import grouped_tile, load_k_step
 
 @triton.jit
 def _moe_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, w_ptr,
+    a_ptr, b_ptr, c_ptr, w_ptr, s_ptr,
     sorted_ptr, expert_ids_ptr, num_post_ptr,
     N, K, num_pairs, num_blocks_m,
-    stride_am, stride_be, stride_bn, stride_cm,
+    stride_am, stride_be, stride_bn, stride_cm, stride_se,
     TOP_K: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr,
+    B_SCALED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -63,8 +69,9 @@ def _moe_gemm_kernel(
     EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """C[i, n] = (w[i] *) sum_k A[i // TOP_K, k] * B[e, n, k] for the BLOCK_M pairs i of one block
-    of sorted_token_ids (expert e) and BLOCK_N columns n. Last dims of A, B, C are contiguous."""
+    """C[i, n] = (w[i] *) (s[e, n] *) sum_k A[i // TOP_K, k] * B[e, n, k] for the BLOCK_M pairs i
+    of one block of sorted_token_ids (expert e) and BLOCK_N columns n; with B_SCALED, B holds
+    8-bit values and s their per-channel scales. Last dims of A, B, C are contiguous."""
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = grouped_tile(pid, num_blocks_m, num_n, GROUP_M)
@@ -83,9 +90,13 @@ def _moe_gemm_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for kk in range(0, tl.cdiv(K, BLOCK_K)):
         a, b = load_k_step(a_ptrs, b_ptrs, K - kk * BLOCK_K, offs_k, EVEN_K)
+        if B_SCALED:
+            b = b.to(a.dtype)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
+    if B_SCALED:
+        acc = acc * tl.load(s_ptr + expert * stride_se + offs_n % N)[None, :]
     if MUL_ROUTED_WEIGHT:
         acc = acc * tl.load(w_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     c_ptrs = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
@@ -127,7 +138,10 @@ def _interpreter_config(n: int, k: int) -> dict:
                 num_warps=4, num_stages=1)
 
 
-def _check_args(x, w13, w2, topk_weights, topk_ids) -> None:
+EXPERT_WEIGHT_DTYPES = (torch.int8, torch.float8_e4m3fn)  # 8-bit expert weights (with scales)
+
+
+def _check_args(x, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None) -> None:
     """Shapes, dtypes, devices and layouts, as ValueErrors naming the argument."""
     if x.dim() != 2:
         raise ValueError(f"x must be [T, hidden], got shape {tuple(x.shape)}")
@@ -149,9 +163,19 @@ def _check_args(x, w13, w2, topk_weights, topk_ids) -> None:
         raise ValueError(f"topk_weights must be floating point, got {topk_weights.dtype}")
     if topk_ids.shape[1] > e:
         raise ValueError(f"topk_ids has k={topk_ids.shape[1]} > E={e} experts per token")
-    for name, w in (("w13", w13), ("w2", w2)):
-        if w.dtype != x.dtype:
+    if (w13_scale is None) != (w2_scale is None):
+        raise ValueError("w13_scale and w2_scale go together (8-bit experts) or not at all")
+    for name, w, scale in (("w13", w13, w13_scale), ("w2", w2, w2_scale)):
+        if scale is None and w.dtype != x.dtype:
             raise ValueError(f"{name} dtype {w.dtype} must match x dtype {x.dtype}")
+        if scale is not None:
+            if w.dtype not in EXPERT_WEIGHT_DTYPES:
+                raise ValueError(f"{name} with a scale must be int8 or float8_e4m3fn, got {w.dtype}")
+            if scale.shape != w.shape[:2] or scale.dtype != torch.float32:
+                raise ValueError(f"{name}_scale must be fp32 {tuple(w.shape[:2])}, got "
+                                 f"{scale.dtype} {tuple(scale.shape)}")
+            if scale.device != x.device or scale.stride(-1) != 1:
+                raise ValueError(f"{name}_scale must be on {x.device}, contiguous per expert")
         if w.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dim (stride {w.stride()})")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -162,18 +186,20 @@ def _check_args(x, w13, w2, topk_weights, topk_ids) -> None:
             raise ValueError(f"{name} is on {v.device}, x on {x.device}")
 
 
-def _grouped_gemm(a, b, c, weights, sorted_ids, expert_ids, num_post, top_k, cfg) -> None:
-    """c[i] = (weights[i] *) a[i // top_k] @ b[e]^T over the aligned blocks (see the kernel)."""
+def _grouped_gemm(a, b, c, weights, scale, sorted_ids, expert_ids, num_post, top_k, cfg) -> None:
+    """c[i] = (weights[i] *) a[i // top_k] @ (scale[e] *) b[e]^T over the aligned blocks."""
     n, k = b.shape[1], b.shape[2]
     num_blocks_m = expert_ids.numel()
     grid = (num_blocks_m * triton.cdiv(n, cfg["BLOCK_N"]),)
     _moe_gemm_kernel[grid](
-        a, b, c, weights if weights is not None else c,
+        a, b, c, weights if weights is not None else c, scale if scale is not None else c,
         sorted_ids, expert_ids, num_post,
         n, k, c.shape[0], num_blocks_m,
         a.stride(0), b.stride(0), b.stride(1), c.stride(0),
+        scale.stride(0) if scale is not None else 0,
         TOP_K=top_k,
         MUL_ROUTED_WEIGHT=weights is not None,
+        B_SCALED=scale is not None,
         EVEN_K=k % cfg["BLOCK_K"] == 0,
         # fp32: 3-pass tf32 on tensor cores (~fp32 accurate); ignored for 16-bit inputs
         DOT_PRECISION="tf32x3" if a.dtype == torch.float32 else "tf32",
@@ -187,6 +213,8 @@ def fused_moe(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
     *,
     config: dict | None = None,
 ) -> torch.Tensor:
@@ -196,7 +224,7 @@ def fused_moe(
     the tile choice (BLOCK_M, BLOCK_N, BLOCK_K: powers of two >= 16; GROUP_M; num_warps;
     num_stages) for tests and tuning.
     """
-    _check_args(x, w13, w2, topk_weights, topk_ids)
+    _check_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
     check_dtype_supported(x, "fused_moe x")
     t, hidden = x.shape
     e, two_i = w13.shape[0], w13.shape[1]
@@ -219,11 +247,11 @@ def fused_moe(
     weights = weights if weights.is_contiguous() else weights.contiguous()
 
     cache1 = torch.empty(n_pairs, two_i, dtype=x.dtype, device=x.device)
-    _grouped_gemm(x, w13, cache1, None, sorted_ids, expert_ids, num_post, top_k, cfg)
+    _grouped_gemm(x, w13, cache1, None, w13_scale, sorted_ids, expert_ids, num_post, top_k, cfg)
     cache2 = silu_and_mul(cache1)
     del cache1
     cache3 = torch.empty(n_pairs, hidden, dtype=x.dtype, device=x.device)
-    _grouped_gemm(cache2, w2, cache3, weights, sorted_ids, expert_ids, num_post, 1, cfg)
+    _grouped_gemm(cache2, w2, cache3, weights, w2_scale, sorted_ids, expert_ids, num_post, 1, cfg)
     if top_k == 1:
         return cache3
     return cache3.view(t, top_k, hidden).sum(1)
@@ -235,8 +263,11 @@ def fused_moe_ref(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """PyTorch reference (HF DeepseekV2/V3 MoE numerics), looping over the experts that got tokens.
+    With scales, the 8-bit weights are dequantized per expert (w.to(x.dtype) * scale).
 
     x [T, hidden]; w13 [E, 2*I, hidden] (rows | gate (I) | up (I) |); w2 [E, hidden, I];
     topk_weights [T, k] (float32 or x.dtype); topk_ids [T, k] int (int32/int64).
@@ -260,9 +291,16 @@ def fused_moe_ref(
         if c == 0:
             continue
         toks = tok_of[start : start + c]
-        gate_up = F.linear(x[toks], w13[e])
+        gate_up = F.linear(x[toks], _expert_weight(w13, w13_scale, e, x.dtype))
         h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = F.linear(h, w2[e])
+        y = F.linear(h, _expert_weight(w2, w2_scale, e, x.dtype))
         out.index_add_(0, toks, (y * w_sorted[start : start + c, None]).to(acc_dtype))
         start += c
     return out.to(x.dtype)
+
+
+def _expert_weight(w: torch.Tensor, scale: torch.Tensor | None, e: int, dtype: torch.dtype):
+    """Expert e's dense weight: as stored, or 8-bit values times their per-channel scales."""
+    if scale is None:
+        return w[e]
+    return (w[e].to(torch.float32) * scale[e][:, None]).to(dtype)

@@ -145,6 +145,9 @@ class FusedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(e, h, i, dtype=params_dtype), requires_grad=False)
         self.w13.weight_loader = self.weight_loader
         self.w2.weight_loader = self.weight_loader
+        # 8-bit experts (lab/quant, experts: quantize): fp32 [E, 2I] / [E, hidden] channel scales
+        self.w13_scale: torch.Tensor | None = None
+        self.w2_scale: torch.Tensor | None = None
         self.ops = ops or TorchOps()
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
@@ -158,7 +161,8 @@ class FusedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor) -> torch.Tensor:
-        return self.ops.fused_moe(x, self.w13, self.w2, topk_weights, topk_ids)
+        return self.ops.fused_moe(x, self.w13, self.w2, topk_weights, topk_ids,
+                                  self.w13_scale, self.w2_scale)
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, intermediate={self.intermediate_size}, ops={self.ops.name}"

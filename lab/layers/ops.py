@@ -46,11 +46,13 @@ class LayerOps:
 
     def fused_moe(
         self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
+        topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
+        w2_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Routed experts of a MoE layer: x [T, hidden], w13 [E, 2I, hidden] (| gate | up |),
         w2 [E, hidden, I], topk_weights / topk_ids [T, k] -> [T, hidden] in x's dtype,
-        out[t] = sum_j topk_weights[t, j] * w2[e] (silu(gate) * up),  e = topk_ids[t, j]."""
+        out[t] = sum_j topk_weights[t, j] * w2[e] (silu(gate) * up),  e = topk_ids[t, j].
+        With scales ([E, 2I], [E, hidden] fp32) the weights are 8-bit per-channel quantized."""
         raise NotImplementedError
 
     def copy_blocks(
@@ -142,10 +144,10 @@ class TorchOps(LayerOps):
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 
-    def fused_moe(self, x, w13, w2, topk_weights, topk_ids):
+    def fused_moe(self, x, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
         from lab.kernels.fused_moe import fused_moe_ref
 
-        return fused_moe_ref(x, w13, w2, topk_weights, topk_ids)
+        return fused_moe_ref(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
 
     def copy_blocks(self, src, dst, src_ids, dst_ids, block_dim):
         from lab.kernels.copy_blocks import copy_blocks_ref
@@ -206,11 +208,11 @@ class TritonOps(LayerOps):
         self._check(x, "silu_and_mul input")
         return self._silu_and_mul(x)
 
-    def fused_moe(self, x, w13, w2, topk_weights, topk_ids):
+    def fused_moe(self, x, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
         from lab.kernels.fused_moe import fused_moe
 
         self._check(x, "fused_moe input")
-        return fused_moe(x, w13, w2, topk_weights, topk_ids)
+        return fused_moe(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
 
     def copy_blocks(self, src, dst, src_ids, dst_ids, block_dim):
         from lab.kernels.copy_blocks import copy_blocks  # bit-exact for every dtype

@@ -20,8 +20,10 @@ Flow (lab/models/loader.py `load_model`):
 Scope shared by every method: embeddings, lm_head, norms and MoE routers stay in the model
 dtype (they are not `Linear`s); a model names the linears that must stay dense in
 `dense_linears` (DeepSeek: `kv_b_proj`, read as dense per-head views by MLA). Stacked MoE experts
-(`FusedExperts`) have no quantized kernel yet: a config refuses them (`experts: refuse`, the
-default) or, opted in with `experts: dense`, leaves them in the model dtype and logs it.
+(`FusedExperts`) follow `experts`: `quantize` stores them as 8-bit weights with one scale per
+expert and output channel (the method's weight dtype: int8 or fp8; activations stay in the model
+dtype; the fused MoE kernel dequantizes in registers) where the method has an expert quantizer,
+`refuse` raises, `dense` keeps them in the model dtype and logs it.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from lab.layers.ops import LayerOps, TorchOps
 
 log = logging.getLogger(__name__)
 
-EXPERT_POLICIES = ("refuse", "dense")
+EXPERT_POLICIES = ("refuse", "dense", "quantize")
 
 
 class QuantMethod:
@@ -108,6 +110,11 @@ class QuantConfig:
         ValueError naming the layer when the method cannot handle it."""
         raise NotImplementedError
 
+    def expert_quantizer(self, prefix: str):
+        """W [N, K] -> (8-bit q [N, K], fp32 scale [N]) for MoE experts (`experts: quantize`), or
+        None when the method has no expert path."""
+        return None
+
     def check_checkpoint(self, quant_cfg: dict | None) -> None:
         """Accept or refuse the checkpoint's `quantization_config` (None: a dense checkpoint)."""
         if quant_cfg is not None:
@@ -131,8 +138,8 @@ class QuantConfig:
         counts: dict[str, int] = {}
         for prefix, module in model.named_modules():
             if is_fused_experts(module):
-                self._check_experts(prefix)
-                counts["experts kept dense"] = counts.get("experts kept dense", 0) + 1
+                key = self._set_experts(prefix, module)
+                counts[key] = counts.get(key, 0) + 1
             if not isinstance(module, Linear):
                 continue
             method = None if prefix.rsplit(".", 1)[-1] in dense else self.method_for(prefix, module)
@@ -142,15 +149,37 @@ class QuantConfig:
             counts[key] = counts.get(key, 0) + 1
         log.info("quant=%s: %s", self.name, ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
 
-    def _check_experts(self, prefix: str) -> None:
-        if self.experts == "refuse":
+    def _set_experts(self, prefix: str, module: nn.Module) -> str:
+        """Apply the `experts` policy to one FusedExperts; returns what was done (for the log)."""
+        quantizer = self.expert_quantizer(prefix) if self.experts == "quantize" else None
+        if self.experts == "dense":
+            return "experts kept dense"
+        if quantizer is None:
             raise ValueError(
-                f"quant={self.name} cannot quantize the MoE experts at {prefix} (the fused MoE "
-                f"kernel has no quantized path); set quant.experts=dense to keep the routed "
-                f"experts in the model dtype and quantize the other linears")
+                f"quant={self.name} cannot quantize the MoE experts at {prefix} "
+                f"(quant.experts={self.experts}; the fused MoE kernel takes 8-bit int8/fp8 "
+                f"expert weights only); set quant.experts=dense to keep the routed experts in "
+                f"the model dtype and quantize the other linears")
+        module.quant_method = ExpertWeightMethod(quantizer)
+        return "experts quantized (8-bit weights)"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(experts={self.experts})"
+
+
+class ExpertWeightMethod:
+    """Quantizes a FusedExperts' loaded w13 / w2 per expert and output channel (weights only)."""
+
+    def __init__(self, quantizer) -> None:
+        self.quantizer = quantizer
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        for name in ("w13", "w2"):
+            w = getattr(layer, name)
+            e, n, k = w.shape
+            q, scale = self.quantizer(w.detach().reshape(e * n, k))
+            setattr(layer, name, nn.Parameter(q.reshape(e, n, k), requires_grad=False))
+            setattr(layer, f"{name}_scale", scale.reshape(e, n).float().contiguous())
 
 
 def is_fused_experts(module: nn.Module) -> bool:

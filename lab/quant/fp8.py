@@ -103,7 +103,7 @@ class Fp8Config(QuantConfig):
     name = "fp8"
 
     def __init__(self, weight_scheme: str = "per_channel", activation_scheme: str = "per_token",
-                 experts: str = "refuse") -> None:
+                 experts: str = "quantize") -> None:
         super().__init__(experts)
         if weight_scheme not in WEIGHT_SCHEMES:
             raise ValueError(f"quant.weight_scheme={weight_scheme!r}: use {' or '.join(WEIGHT_SCHEMES)}")
@@ -137,6 +137,12 @@ class Fp8Config(QuantConfig):
                for name in self.ignored):
             return None
         return Fp8CheckpointLinearMethod(self.ops, per_token)
+
+    def expert_quantizer(self, prefix: str):
+        if self.serialized:
+            raise ValueError(f"{prefix}: MoE experts of an fp8 checkpoint are not supported "
+                             "(only dense checkpoints get 8-bit experts with quant=fp8)")
+        return lambda w: quantize_fp8_weight(w, per_channel=True)
 
     def __repr__(self) -> str:
         return (f"Fp8Config(weight_scheme={self.weight_scheme}, activation_scheme="

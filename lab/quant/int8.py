@@ -41,5 +41,11 @@ class Int8Config(QuantConfig):
 
     name = "int8"
 
+    def __init__(self, experts: str = "quantize") -> None:
+        super().__init__(experts)
+
     def method_for(self, prefix: str, layer: Linear) -> QuantMethod | None:
         return Int8LinearMethod(self.ops)
+
+    def expert_quantizer(self, prefix: str):
+        return quantize_int8_per_channel

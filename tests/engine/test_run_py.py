@@ -35,10 +35,12 @@ def test_run_py_writes_statistics(tmp_path):
 
 
 def test_run_py_design_card_command_on_the_embedded_deepseek(tmp_path):
-    """`python run.py attention=triton_mla scheduler=priority preemption=swap` picks the embedded
-    MLA model by itself and completes (Triton's interpreter on CPU), swapping under pressure."""
+    """The design card's `python run.py attention=triton_mla scheduler=priority preemption=swap
+    quant=fp8` picks the embedded MLA + MoE model by itself and completes (Triton's interpreter
+    on CPU; fp8 linears and 8-bit experts through the torch references), swapping under
+    pressure."""
     cmd = [sys.executable, "run.py", "attention=triton_mla", "scheduler=priority",
-           "preemption=swap", "workload.num_requests=8", "workload.num_priorities=2",
+           "preemption=swap", "quant=fp8", "workload.num_requests=8", "workload.num_priorities=2",
            "workload.rate=100",
            "num_gpu_blocks=48", "block_size=4", "logger=[jsonl]", f"hydra.run.dir={tmp_path}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -52,3 +54,4 @@ def test_run_py_design_card_command_on_the_embedded_deepseek(tmp_path):
     latent = spec["kv_lora_rank"] + spec["qk_rope_head_dim"]
     assert summary["kv_bytes_per_token"] == spec["num_hidden_layers"] * latent * 4  # fp32
     assert summary["num_kv_blocks"] == 47 and summary["kv_block_size"] == 4
+    assert summary["weight_bytes"] > 0 and "quant=fp8" in proc.stdout + proc.stderr

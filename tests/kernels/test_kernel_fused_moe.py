@@ -69,6 +69,45 @@ def test_fused_moe_matches_reference(t, hidden, inter, e, k, dtype, skew, tiles,
     torch.testing.assert_close(out, fused_moe_ref(*args), **TOL[dtype])
 
 
+def quantize_experts(w: torch.Tensor, dtype: torch.dtype):
+    """Per expert and output channel: (8-bit values, fp32 scales [E, N]) with w ~= q * scale."""
+    qmax = 127.0 if dtype == torch.int8 else 448.0
+    scale = w.float().abs().amax(-1).clamp_min(1e-8) / qmax
+    q = (w.float() / scale[..., None]).clamp(-qmax, qmax)
+    q = q.round().to(dtype) if dtype == torch.int8 else q.to(dtype)
+    return q, scale
+
+
+@settings(max_examples=10, deadline=None)
+@given(t=st.integers(1, 16), hidden=st.sampled_from([16, 40]), inter=st.sampled_from([16, 24]),
+       e=st.integers(1, 6), k=st.integers(1, 3), wq=st.sampled_from([torch.int8, torch.float8_e4m3fn]),
+       dtype=st.sampled_from([torch.float32, torch.float16]), seed=st.integers(0, 2**16))
+def test_8bit_expert_weights_match_reference(t, hidden, inter, e, k, wq, dtype, seed):
+    """int8 / fp8 expert weights with per-channel scales: the kernel dequantizes in registers
+    and equals the reference; both are close to the dense experts they quantize."""
+    k = min(k, e)
+    x, w13, w2, weights, ids = make_moe(t, hidden, inter, e, k, dtype, seed)
+    (q13, s13), (q2, s2) = quantize_experts(w13, wq), quantize_experts(w2, wq)
+    out = fused_moe(x, q13, q2, weights, ids, s13, s2)
+    ref = fused_moe_ref(x, q13, q2, weights, ids, s13, s2)
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    dense = fused_moe_ref(x, w13, w2, weights, ids)
+    rel = ((ref.float() - dense.float()).norm() / dense.float().norm()).item()
+    assert rel < (0.03 if wq == torch.int8 else 0.1), rel
+
+
+def test_8bit_expert_arguments_are_checked():
+    x, w13, w2, weights, ids = make_moe(4, 16, 16, 4, 2, torch.float32, 0)
+    q13, s13 = quantize_experts(w13, torch.int8)
+    q2, s2 = quantize_experts(w2, torch.int8)
+    with pytest.raises(ValueError, match="go together"):
+        fused_moe(x, q13, q2, weights, ids, s13, None)
+    with pytest.raises(ValueError, match="w13_scale must be fp32"):
+        fused_moe(x, q13, q2, weights, ids, s13[:, :3], s2)
+    with pytest.raises(ValueError, match="int8 or float8"):
+        fused_moe(x, w13.half(), q2, weights, ids, s13, s2)
+
+
 def test_multi_tile_k_and_n_with_tails():
     """K and N span several tiles with a partial last one (hidden 40 / I 24 with 16-wide tiles),
     many tokens per expert (several BLOCK_M blocks), top-1."""
@@ -160,12 +199,14 @@ _COMPILE_SCRIPT = """
     build(ma._align_scatter_kernel, ptrs(ma._align_scatter_kernel),
           dict(CHUNK=1024, KEY_SHIFT=10, E_PAD=128, BLOCK_M=64))
     fn = fm._moe_gemm_kernel
-    types = dict(ptrs(fn), a_ptr="*bf16", b_ptr="*bf16", c_ptr="*bf16", w_ptr="*fp32")
     aligned = {n for n in fn.arg_names if n.endswith("_ptr") or n.startswith("stride")} | {"N", "K"}
-    for tokens, mma in ((64, "mma.sync"), (16384, "wgmma")):
+    for (tokens, mma), wdt in zip(((64, "mma.sync"), (16384, "wgmma"), (64, "mma.sync")),
+                                  ("*bf16", "*bf16", "*fp8e4nv")):  # last: 8-bit experts
+        types = dict(ptrs(fn), a_ptr="*bf16", b_ptr=wdt, c_ptr="*bf16", w_ptr="*fp32",
+                     s_ptr="*fp32")
         cfg = fm.pick_config(tokens * 8, 128, 2048, 768)
         consts = dict(TOP_K=8, MUL_ROUTED_WEIGHT=True, EVEN_K=True, DOT_PRECISION="tf32",
-                      **{k: v for k, v in cfg.items() if k.isupper()})
+                      B_SCALED=wdt != "*bf16", **{k: v for k, v in cfg.items() if k.isupper()})
         k = build(fn, types, consts, aligned, num_warps=cfg["num_warps"],
                   num_stages=cfg["num_stages"])
         assert mma in k.asm["ptx"] and "cp.async" in k.asm["ptx"], (tokens, cfg)
@@ -190,3 +231,15 @@ def test_fused_moe_bf16_cuda(t, hidden, inter, e, k):
     torch.testing.assert_close(out, ref, **TOL[torch.bfloat16])
     args32 = [a.float() if a.is_floating_point() else a for a in args]
     torch.testing.assert_close(fused_moe(*args32), hf_moe(*args32), atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("wq", [torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("t", [8, 2048])
+def test_8bit_experts_bf16_cuda(wq, t):
+    x, w13, w2, weights, ids = make_moe(t, 2048, 768, 64, 8, torch.bfloat16, 0, device="cuda")
+    (q13, s13), (q2, s2) = quantize_experts(w13, wq), quantize_experts(w2, wq)
+    out = fused_moe(x, q13, q2, weights, ids, s13, s2)
+    torch.testing.assert_close(out, fused_moe_ref(x, q13, q2, weights, ids, s13, s2),
+                               **TOL[torch.bfloat16])

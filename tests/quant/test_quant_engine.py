@@ -66,13 +66,20 @@ def test_int8_greedy_mostly_agrees_with_unquantized():
     assert same >= 0.5 * 8 * len(PROMPTS)
 
 
-def test_deepseek_engine_refuses_experts_then_runs_with_experts_dense():
+def test_deepseek_engine_with_8bit_experts():
+    """quant=int8 quantizes the routed experts too (through the Triton fused MoE with int8
+    weights under kernels=triton, matching the torch reference); quant.experts=refuse refuses
+    them by name, quant.experts=dense keeps them dense."""
     with pytest.raises(ValueError, match="quant.experts=dense"):
-        LLM("tiny_deepseek", quant="int8", num_gpu_blocks=64, kernels="torch")
-    llm = LLM("tiny_deepseek", quant="int8", num_gpu_blocks=64, kernels="torch",
-              **{"quant.experts": "dense"})
-    outs = llm.generate(PROMPTS[:1], GREEDY)
-    assert len(outs[0].outputs[0].token_ids) == 8
+        LLM("tiny_deepseek", quant="int8", num_gpu_blocks=64, kernels="torch",
+            **{"quant.experts": "refuse"})
+    runs = {}
+    for kernels, experts in (("torch", "quantize"), ("triton", "quantize"), ("torch", "dense")):
+        llm = LLM("tiny_deepseek", quant="int8", num_gpu_blocks=64, kernels=kernels,
+                  **{"quant.experts": experts})
+        runs[kernels, experts] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], GREEDY)]
+    assert runs["triton", "quantize"] == runs["torch", "quantize"]
+    assert all(len(ids) == 8 for ids in runs["torch", "dense"])
 
 
 def test_run_py_with_quant(tmp_path):

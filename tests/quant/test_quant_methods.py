@@ -181,11 +181,34 @@ def test_default_is_unquantized():
                for m in model.modules() if isinstance(m, Linear))
 
 
-@pytest.mark.parametrize("config", [Int8Config(), Fp8Config(), W4A16Config(group_size=16)],
-                         ids=["int8", "fp8", "w4a16"])
+@pytest.mark.parametrize("config", [Int8Config(experts="refuse"), Fp8Config(experts="refuse"),
+                                    W4A16Config(group_size=16),
+                                    W4A16Config(group_size=16, experts="quantize")],
+                         ids=["int8-refuse", "fp8-refuse", "w4a16", "w4a16-quantize"])
 def test_deepseek_refuses_moe_experts(config):
     with pytest.raises(ValueError, match=r"cannot quantize the MoE experts at model\.layers\.1\.mlp\.experts.*quant\.experts=dense"):
         load(tiny("tiny_deepseek"), config, backend=TorchAttentionBackend())
+
+
+@pytest.mark.parametrize("config,dtype,bound", [(Int8Config(), torch.int8, 0.03),
+                                                (Fp8Config(), torch.float8_e4m3fn, 0.1)],
+                         ids=["int8", "fp8"])
+def test_deepseek_experts_quantized_by_default(config, dtype, bound):
+    """int8 / fp8 store the routed experts as 8-bit weights with per-expert, per-channel scales
+    (kv_b_proj stays dense); the MoE layer's output stays close to the dense model's."""
+    dense = load(tiny("tiny_deepseek"), backend=TorchAttentionBackend())
+    model = load(tiny("tiny_deepseek"), config, backend=TorchAttentionBackend())
+    experts, ref_experts = model.model.layers[1].mlp.experts, dense.model.layers[1].mlp.experts
+    e, two_i, hidden = ref_experts.w13.shape
+    assert experts.w13.dtype == experts.w2.dtype == dtype
+    assert experts.w13_scale.shape == (e, two_i) and experts.w2_scale.shape == (e, hidden)
+    assert model.model.layers[0].self_attn.kv_b_proj.weight.dtype == torch.float32
+    x = torch.randn(32, hidden, generator=torch.Generator().manual_seed(0))
+    weights, ids = dense.model.layers[1].mlp.gate(x)
+    want, got = ref_experts(x, weights, ids), experts(x, weights, ids)
+    rel = ((got - want).norm() / want.norm()).item()
+    print(f"\n[tiny_deepseek quant={config.name}] routed experts: relative error {rel:.4f}")
+    assert rel < bound
 
 
 def test_deepseek_experts_dense_and_kv_b_proj_dense():
