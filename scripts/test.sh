@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh test
 export LAB_CACHE_DIR=${LAB_CACHE_DIR:-$PWD/.cache/models}
+export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}  # derandomized: see tests/conftest.py
 exec "${PYTHON:-python3}" -m pytest tests -m "not slow" -q "$@"
