@@ -157,6 +157,12 @@ class BlockPool:
             block.block_hash = block_hash
             self.cached_block_hash_to_block.insert(block_hash, block)
 
+    def uncache_block(self, block: KVCacheBlock) -> None:
+        """Take a block's hash out of the prefix cache (its contents will not be computed)."""
+        if block.block_hash is not None:
+            self.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
+            block.reset_hash()
+
     def take_num_evicted(self) -> int:
         """Evictions since the last call (and reset that counter)."""
         n, self._evicted_since_take = self._evicted_since_take, 0

@@ -209,6 +209,23 @@ class KVCacheManager:
         self.num_cached_block.pop(request.request_id, None)
         self.block_pool.free_blocks(reversed(blocks))
 
+    def uncomputed_cached_blocks(self, request: Request) -> list[KVCacheBlock]:
+        """The request's blocks in the prefix cache past its computed tokens: committed at
+        allocation for tokens of the current step (see the module docstring), stale if that step's
+        work is taken back (a victim preempted after it was scheduled)."""
+        first = request.num_computed_tokens // self.block_size
+        return [b for b in self.req_to_blocks.get(request.request_id, [])[first:]
+                if b.block_hash is not None]
+
+    def uncache(self, request: Request, blocks: list[KVCacheBlock]) -> None:
+        """Take `blocks` (from uncomputed_cached_blocks) out of the prefix cache."""
+        for block in blocks:
+            self.block_pool.uncache_block(block)
+        rid = request.request_id
+        if rid in self.num_cached_block:
+            self.num_cached_block[rid] = min(self.num_cached_block[rid],
+                                             request.num_computed_tokens // self.block_size)
+
     # -- swap ------------------------------------------------------------------------------
     def swap_out(self, request: Request) -> bool:
         """Park the request's computed blocks in the swap space and free its device blocks.

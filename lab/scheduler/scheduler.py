@@ -169,6 +169,7 @@ class Scheduler:
         if victim.request_id in plan.admitted:  # admitted this step: the worker never saw it
             self._unadmit(victim, plan)
             return
+        self._drop_uncomputed(victim, plan)
         self.running.remove(victim)
         given_back = plan.num_tokens.pop(victim.request_id, 0)
         plan.budget += given_back  # a victim scheduled earlier this step returns its budget
@@ -185,6 +186,7 @@ class Scheduler:
     def _unadmit(self, req: Request, plan: _StepPlan) -> None:
         """Take back an admission made earlier in this step, as if it had not happened."""
         self.running.remove(req)
+        self._drop_uncomputed(req, plan)  # while num_computed still counts this admission's hits
         plan.budget += plan.num_tokens.pop(req.request_id)
         plan.new_blocks.pop(req.request_id)
         plan.new_reqs = [r for r in plan.new_reqs if r is not req]
@@ -197,6 +199,19 @@ class Scheduler:
             req.times.preempted_at = self.clock()
         self.kv.free(req)
         self.waiting.prepend(req)
+
+    def _drop_uncomputed(self, req: Request, plan: _StepPlan) -> None:
+        """Blocks `req` committed to the prefix cache this step hold tokens that will now not be
+        computed: take them out of the cache, and un-admit the requests admitted this step that
+        hit them (they would read KV that nobody writes)."""
+        stale = self.kv.uncomputed_cached_blocks(req)
+        if not stale:
+            return
+        self.kv.uncache(req, stale)
+        ids = {b.block_id for b in stale}
+        for other in [r for r in self.running if r.request_id in plan.admitted and r is not req]:
+            if other in self.running and ids & set(self.kv.get_block_ids(other.request_id)):
+                self._unadmit(other, plan)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         while self.waiting and plan.budget > 0:
