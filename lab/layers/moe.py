@@ -28,8 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lab.layers.activation import SiluAndMul
-from lab.layers.linear import Linear, MergedLinear, default_weight_loader
+from lab.layers.linear import default_weight_loader
 from lab.layers.ops import LayerOps, TorchOps
 
 # ---------------------------------------------------------------------------------------- routers
@@ -166,21 +165,6 @@ class FusedExperts(nn.Module):
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, intermediate={self.intermediate_size}, ops={self.ops.name}"
-
-
-class GatedMLP(nn.Module):
-    """down_proj(silu(gate) * up) with gate and up fused (| gate | up |): a dense FFN or the
-    shared experts of a MoE layer."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int, ops: LayerOps | None = None,
-                 bias: bool = False):
-        super().__init__()
-        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, bias)
-        self.act = SiluAndMul(ops)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class MoE(nn.Module):

@@ -33,11 +33,11 @@ from torch import nn
 
 from lab.attention.base import AttentionBackend
 from lab.attention.mla import MLAWeights, mla_attention_spec
+from lab.layers.decoder import DecoderStack, GatedMLP, PreNormDecoderLayer, check_silu
 from lab.layers.embedding import Embedding, LMHead
 from lab.layers.linear import Linear, default_weight_loader
 from lab.layers.moe import (
     FusedExperts,
-    GatedMLP,
     MoE,
     SigmoidGroupTopKGate,
     SoftmaxTopKGate,
@@ -134,13 +134,14 @@ def is_moe_layer(cfg, layer_idx: int) -> bool:
         layer_idx >= (getattr(cfg, "first_k_dense_replace", 0) or 0) and layer_idx % freq == 0)
 
 
-class DeepseekDecoderLayer(nn.Module):
+class DeepseekDecoderLayer(PreNormDecoderLayer):
     """Pre-norm MLA + (MoE or dense MLP), carrying the residual stream like LlamaDecoderLayer."""
 
     def __init__(self, cfg, layer_idx: int, backend: AttentionBackend, rotary: RotaryEmbedding,
                  rope_style: str, gate: nn.Module | None, ops: LayerOps):
         super().__init__()
         self.self_attn = DeepseekAttention(cfg, layer_idx, backend, rotary, rope_style, ops)
+        check_silu(cfg)
         bias = bool(getattr(cfg, "mlp_bias", False))
         if gate is None:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ops, bias)
@@ -153,17 +154,9 @@ class DeepseekDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
 
-    def forward(self, h, residual, positions, kv_cache, metadata):
-        if residual is None:
-            h, residual = self.input_layernorm(h), h
-        else:
-            h, residual = self.input_layernorm(h, residual)
-        h = self.self_attn(h, positions, kv_cache, metadata)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
 
 
-class DeepseekModel(nn.Module):
+class DeepseekModel(DecoderStack):
     """Embedding, decoder layers, final norm (HF's `model.` prefix)."""
 
     def __init__(self, cfg, backend: AttentionBackend, rope_style: str, make_gate, ops: LayerOps):
@@ -177,12 +170,6 @@ class DeepseekModel(nn.Module):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
 
-    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
-        h, residual = self.embed_tokens(input_ids), None
-        for i, layer in enumerate(self.layers):
-            h, residual = layer(h, residual, positions, kv_caches[i], attn_metadata)
-        h, _ = self.norm(h, residual)
-        return h
 
 
 class DeepseekV2ForCausalLM(nn.Module):

@@ -4,14 +4,8 @@ One flat token batch per step (requests back to back, see lab/attention/base.py)
 delegated to the engine's AttentionBackend with explicit per-step metadata (no globals).
 RMSNorm, RoPE and SiLU·mul run through the `LayerOps` given to the model (PyTorch or Triton);
 one RotaryEmbedding (cos/sin tables) is shared by every attention layer.
-Weights are stored fused: qkv_proj = | q | k | v |, gate_up_proj = | gate | up |.
-
-Residual stream through a decoder layer (RMSNorm fuses the residual add):
-
-    h, r = input_layernorm(h, r)          # r <- h + r;  h <- norm(r)
-    h = self_attn(h)
-    h, r = post_attention_layernorm(h, r)
-    h = mlp(h)                            # the next layer (or the final norm) adds r back
+Weights are stored fused: qkv_proj = | q | k | v |, gate_up_proj = | gate | up |. The decoder
+layer and stack forwards (pre-norm, residual carried) are lab/layers/decoder.py's.
 """
 
 from __future__ import annotations
@@ -23,9 +17,9 @@ import torch
 from torch import nn
 
 from lab.attention.base import AttentionBackend, AttentionSpec
-from lab.layers.activation import SiluAndMul
+from lab.layers.decoder import DecoderStack, GatedMLP, PreNormDecoderLayer, check_silu
 from lab.layers.embedding import Embedding, LMHead
-from lab.layers.linear import Linear, MergedLinear, QKVLinear, default_weight_loader
+from lab.layers.linear import Linear, QKVLinear, default_weight_loader
 from lab.layers.norm import RMSNorm
 from lab.layers.ops import LayerOps, TorchOps
 from lab.layers.rotary import RotaryEmbedding
@@ -88,23 +82,7 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out.reshape(out.shape[0], -1))
 
 
-class LlamaMLP(nn.Module):
-    """down_proj(silu(gate) * up), gate and up fused into one projection."""
-
-    def __init__(self, cfg, arch: LlamaArch, ops: LayerOps):
-        super().__init__()
-        if cfg.hidden_act != "silu":
-            raise ValueError(f"hidden_act={cfg.hidden_act!r} is not supported (only silu)")
-        ffn = cfg.intermediate_size
-        self.gate_up_proj = MergedLinear(cfg.hidden_size, [ffn, ffn], arch.mlp_bias)
-        self.act = SiluAndMul(ops)
-        self.down_proj = Linear(ffn, cfg.hidden_size, arch.mlp_bias)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(h)))
-
-
-class LlamaDecoderLayer(nn.Module):
+class LlamaDecoderLayer(PreNormDecoderLayer):
     """Pre-norm attention + MLP block carrying the residual stream separately."""
 
     def __init__(
@@ -113,21 +91,14 @@ class LlamaDecoderLayer(nn.Module):
     ):
         super().__init__()
         self.self_attn = LlamaAttention(cfg, arch, layer_idx, backend, rotary_emb, ops)
-        self.mlp = LlamaMLP(cfg, arch, ops)
+        check_silu(cfg)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ops, arch.mlp_bias)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
 
-    def forward(self, h, residual, positions, kv_cache, metadata):
-        if residual is None:
-            h, residual = self.input_layernorm(h), h
-        else:
-            h, residual = self.input_layernorm(h, residual)
-        h = self.self_attn(h, positions, kv_cache, metadata)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
 
 
-class LlamaModel(nn.Module):
+class LlamaModel(DecoderStack):
     """Embedding, decoder layers, final norm (HF's `model.` prefix)."""
 
     def __init__(self, cfg, arch: LlamaArch, backend: AttentionBackend, ops: LayerOps):
@@ -140,13 +111,6 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
 
-    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
-        h = self.embed_tokens(input_ids)
-        residual = None
-        for i, layer in enumerate(self.layers):
-            h, residual = layer(h, residual, positions, kv_caches[i], attn_metadata)
-        h, _ = self.norm(h, residual)
-        return h
 
 
 class LlamaForCausalLM(nn.Module):

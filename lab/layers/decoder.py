@@ -1,0 +1,77 @@
+"""The pre-norm decoder skeleton every supported family shares (Llama, Qwen, DeepSeek).
+
+Residual stream through a decoder layer (RMSNorm fuses the residual add):
+
+    h, r = input_layernorm(h, r)          # r <- h + r;  h <- norm(r)
+    h = self_attn(h)
+    h, r = post_attention_layernorm(h, r)
+    h = mlp(h)                            # the next layer (or the final norm) adds r back
+
+A family builds its own attention and MLP (`self_attn`, `mlp`) and norms; the forward passes
+below are the same for all of them. The FFN is `GatedMLP` (SwiGLU), dense or as the shared
+experts of a MoE layer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lab.layers.activation import SiluAndMul
+from lab.layers.linear import Linear, MergedLinear
+from lab.layers.ops import LayerOps
+
+
+def check_silu(cfg) -> None:
+    """The gated FFN implements SiLU only: refuse a config with another `hidden_act`."""
+    act = getattr(cfg, "hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"hidden_act={act!r} is not supported (only silu)")
+
+
+class GatedMLP(nn.Module):
+    """down_proj(silu(gate) * up) with gate and up fused (| gate | up |): a dense FFN or the
+    shared experts of a MoE layer."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, ops: LayerOps | None = None,
+                 bias: bool = False):
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, bias)
+        self.act = SiluAndMul(ops)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class PreNormDecoderLayer(nn.Module):
+    """Base of a family's decoder layer: subclasses set self_attn, mlp and the two norms."""
+
+    self_attn: nn.Module
+    mlp: nn.Module
+    input_layernorm: nn.Module
+    post_attention_layernorm: nn.Module
+
+    def forward(self, h, residual, positions, kv_cache, metadata):
+        if residual is None:
+            h, residual = self.input_layernorm(h), h
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(h, positions, kv_cache, metadata)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class DecoderStack(nn.Module):
+    """Base of a family's `model.` module: subclasses set embed_tokens, layers and norm."""
+
+    embed_tokens: nn.Module
+    layers: nn.ModuleList
+    norm: nn.Module
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
+        h, residual = self.embed_tokens(input_ids), None
+        for i, layer in enumerate(self.layers):
+            h, residual = layer(h, residual, positions, kv_caches[i], attn_metadata)
+        h, _ = self.norm(h, residual)
+        return h
