@@ -74,6 +74,7 @@ from lab.attention.base import FP8_KV_DTYPE, dequantize_kv_ref
 from lab.kernels import check_dtype_supported, interpreter_active
 from lab.kernels.kv_cache_write import _scale_arg
 from lab.kernels.merge_attn_states import merge_attn_states
+from lab.kernels.online_softmax import online_softmax_step
 from lab.kernels.paged_decode import DecodeWorkspace, _split_range
 
 __all__ = [
@@ -110,13 +111,8 @@ def _mla_attend_tile(
     else:
         qk = tl.dot(q_nope, tl.trans(c), input_precision=DOT_PRECISION)
         qk = tl.dot(q_pe, tl.trans(kpe), acc=qk, input_precision=DOT_PRECISION)
-    qk = tl.where(mask_n[None, :], qk * qk_scale, float("-inf"))  # [BLOCK_H, TILE_N]
-    m_new = tl.maximum(m_i, tl.max(qk, axis=1))  # finite: the tile holds >= 1 valid key
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
+    qk = tl.where(mask_n[None, :], qk * qk_scale, float("-inf"))  # [BLOCK_H, TILE_N], >= 1 key
+    return online_softmax_step(qk, c, acc, m_i, l_i, DOT_PRECISION)  # V is the latent tile
 
 
 @triton.jit

@@ -34,6 +34,7 @@ from lab.attention.base import FP8_KV_DTYPE, dequantize_kv_ref
 from lab.kernels import check_dtype_supported, interpreter_active
 from lab.kernels.kv_cache_write import _scale_arg
 from lab.kernels.merge_attn_states import merge_attn_states, merge_attn_states_ref
+from lab.kernels.online_softmax import online_softmax_step
 
 _LOG2E = 1.4426950408889634
 
@@ -68,15 +69,10 @@ def _attend_tile(
     k = tl.load(k_base + blk[:, None] * stride_kb + slot[:, None] * stride_ks + offs_d[None, :],
                 mask=kv_mask, other=0.0).to(q.dtype)  # fp8 cache: exact upcast; else a no-op
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, TILE_N]
-    qk = tl.where(mask_n[None, :], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, axis=1))  # finite: the tile holds >= 1 valid key
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    qk = tl.where(mask_n[None, :], qk, float("-inf"))  # the tile holds >= 1 valid key
     v = tl.load(v_base + blk[:, None] * stride_vb + slot[:, None] * stride_vs + offs_d[None, :],
                 mask=kv_mask, other=0.0).to(q.dtype)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
+    return online_softmax_step(qk, v, acc, m_i, l_i, DOT_PRECISION)
 
 
 @triton.jit

@@ -31,6 +31,7 @@ import triton.language as tl
 from lab.attention.base import FP8_KV_DTYPE, dequantize_kv_ref
 from lab.kernels import check_dtype_supported, interpreter_active
 from lab.kernels.kv_cache_write import _scale_arg
+from lab.kernels.online_softmax import online_softmax_step
 
 _LOG2E = 1.4426950408889634
 
@@ -76,12 +77,8 @@ def _attend_tile(
     if MASKED:
         visible = (pos[None, :] <= q_pos[:, None]) & in_seq[None, :]
         s = tl.where(visible, s, float("-inf"))
-    # Every row saw key 0 in the first tile, so m_new is finite and no NaN can arise.
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    # Every row saw key 0 in the first tile, so the running max stays finite.
+    acc, m_new, l_i = online_softmax_step(s, v, acc, m_i, l_i, DOT_PRECISION)
     return acc, l_i, m_new
 
 
