@@ -78,19 +78,39 @@ def test_stops():
     assert tokens.num_output_tokens == 3 and tokens.finish_reason == "length"
 
 
-def test_eos_min_tokens_and_stop_token_ids():
+# The fake model's greedy stream after the prompt [3, 4] repeats with period 4 (hand-checked
+# from fake_token); each case is (eos, stop_token_ids, min_tokens, ignore_eos) -> the outputs.
+STREAM = [19, 9, 39, 49, 19, 9, 39, 49, 19, 9]
+STOP_CASES = {
+    "eos": (19, [], 0, False, 1),  # the first token is EOS
+    "stop_token": (0, [9], 0, False, 2),
+    "eos_held_by_min_tokens": (19, [], 3, False, 5),  # EOS at output 1 ignored; next at 5
+    "eos_at_min_tokens": (19, [], 5, False, 5),  # the min_tokens-th output may stop
+    "stop_held_by_min_tokens": (0, [9], 3, False, 6),
+    "stop_at_min_tokens": (0, [9], 2, False, 2),
+    "stop_before_eos_after_min": (19, [39], 2, False, 3),
+    "ignore_eos_with_min_tokens": (19, [], 3, True, 10),  # runs to max_tokens
+    "no_stop_in_stream": (0, [7], 4, False, 10),
+}
+
+
+@pytest.mark.parametrize("case", list(STOP_CASES))
+def test_eos_min_tokens_and_stop_token_ids(case):
+    """No stop before min_tokens outputs; then a stop exactly at the first EOS (unless
+    ignore_eos) or stop token; else max_tokens. Expected counts are read off STREAM by hand."""
+    eos, stops, min_tokens, ignore_eos, want = STOP_CASES[case]
+    assert expected_output([3, 4], 10) == STREAM
     s = make_scheduler(num_blocks=64)
-    prompt = [3, 4]
-    first = expected_output(prompt, 1)[0]
-    eos_req = make_request(s, prompt, max_tokens=5, ignore_eos=False)
-    eos_req.eos_token_id = first
-    stop_req = make_request(s, prompt, max_tokens=5, stop_token_ids=[first])
-    min_req = make_request(s, prompt, max_tokens=5, ignore_eos=False, min_tokens=3)
-    min_req.eos_token_id = first
+    req = make_request(s, [3, 4], max_tokens=10, ignore_eos=ignore_eos, min_tokens=min_tokens,
+                       stop_token_ids=stops)
+    req.eos_token_id = eos
+    others = [make_request(s, [3, 4], max_tokens=10)]  # a batch neighbour without stops
     run_to_completion(s)
-    assert eos_req.output_token_ids == [first] and eos_req.finish_reason == "stop"
-    assert stop_req.stop_reason == first and stop_req.num_output_tokens == 1
-    assert min_req.num_output_tokens >= 3
+    assert req.output_token_ids == STREAM[:want]
+    assert req.finish_reason == ("length" if want == 10 else "stop")
+    assert req.stop_reason == (STREAM[want - 1] if want < 10 and STREAM[want - 1] in stops
+                               else None)
+    assert others[0].output_token_ids == STREAM
 
 
 @pytest.mark.parametrize("where", ["waiting", "running"])
