@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from lab.engine.request import RequestStatus
-from lab.scheduler.preemption import RecomputePreemption, ReservePreemption, SwapPreemption
-from lab.scheduler.queues import FairQueue, FCFSQueue, PriorityQueue, SJFQueue
+from tests.options import build, options
 from tests.scheduler.fakes import (
     check_all_finished,
     fake_execute,
@@ -23,21 +22,19 @@ from tests.scheduler.fakes import (
     make_scheduler,
 )
 
-QUEUES = {"fcfs": FCFSQueue, "priority": PriorityQueue, "sjf": lambda: SJFQueue(0.01),
-          "fair": FairQueue}
-STRATEGIES = {"recompute": RecomputePreemption, "reserve": ReservePreemption,
-              "swap": SwapPreemption}
+QUEUES, STRATEGIES = options("scheduler"), options("preemption")  # every option of each group
+KNOBS = {"sjf": {"aging_bound_s": 0.01}}  # ages within a run: both of sjf's orders are used
 BUDGET, MAX_SEQS, MAX_LEN = 12, 3, 32
 
 
 class PolicyMachine(RuleBasedStateMachine):
-    @initialize(queue=st.sampled_from(sorted(QUEUES)), strategy=st.sampled_from(sorted(STRATEGIES)),
+    @initialize(queue=st.sampled_from(QUEUES), strategy=st.sampled_from(STRATEGIES),
                 swap_blocks=st.integers(0, 10))
     def setup(self, queue, strategy, swap_blocks):
         self.policy, self.strategy = queue, strategy
         self.s = make_scheduler(num_blocks=12, block_size=4, max_num_seqs=MAX_SEQS, budget=BUDGET,
-                                max_model_len=MAX_LEN, queue=QUEUES[queue](),
-                                preemption=STRATEGIES[strategy](), swap_blocks=swap_blocks)
+                                max_model_len=MAX_LEN, queue=build("scheduler", queue, **KNOBS.get(queue, {})),
+                                preemption=build("preemption", strategy), swap_blocks=swap_blocks)
         self.reqs, self.aborted = [], set()
 
     @rule(prompt=st.lists(st.integers(1, 6), min_size=1, max_size=18),

@@ -1,13 +1,12 @@
 """Queue policies: order, ties, victim and preempt_for choices, knobs; end to end with a fake model."""
 
 import pytest
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from lab.cache.hashing import make_block_hasher
 from lab.engine.request import Request
 from lab.sampling.params import SamplingParams
-from lab.scheduler.queues import FairQueue, FCFSQueue, PriorityQueue, SJFQueue
+from lab.scheduler.queues import FairQueue, FCFSQueue, PriorityQueue, RequestQueue, SJFQueue
+from tests.options import build, options
 from tests.scheduler.fakes import (
     EOS,
     expected_output,
@@ -34,35 +33,49 @@ def drain(q):
     return [q.pop().request_id for _ in range(len(q))]
 
 
-ALL = [FCFSQueue, PriorityQueue, SJFQueue, FairQueue]
+POLICIES = options("scheduler")  # every conf/scheduler/*.yaml
+
+
+def make_queue(name: str, **knobs) -> RequestQueue:
+    """The policy as `scheduler=<name>` builds it (yaml defaults + `knobs`)."""
+    return build("scheduler", name, **knobs)
 
 
 # -- common behaviour ------------------------------------------------------------------------
-@pytest.mark.parametrize("cls", ALL)
-def test_basic_contract(cls):
-    q = cls()
+@pytest.mark.parametrize("name", POLICIES)
+def test_basic_contract(name):
+    """add/peek/pop/remove/len/iter agree with a plain list of the waiting requests; with equal
+    priorities, clients and lengths every policy serves by arrival; preempt_for preempts only
+    for a waiting request strictly more important than the victim (priority), else None."""
+    q = make_queue(name)
     assert not q and len(q) == 0
     a, b, c = req("a", arrival=1), req("b", arrival=2), req("c", arrival=3)
     for r in (a, b, c):
         q.add(r)
-    assert len(q) == 3 and q.peek() is a
+    assert len(q) == 3 and q.peek() is a and ids(q) == ["a", "b", "c"]
     q.remove(b)
-    assert ids(q) == ["a", "c"] and q.peek() is q.pop() is not None
-    assert len(q) == 1
-    assert q.preempt_for(c, [a]) is None or cls is PriorityQueue
+    assert ids(q) == ["a", "c"] and len(q) == 2 and b not in list(q)
+    assert q.pop() is a and q.peek() is c and len(q) == 1
+    assert q.preempt_for(c, [a]) is None  # equally important: nobody preempts
+    urgent = req("u", priority=-1, arrival=4)
+    assert q.preempt_for(urgent, [a]) is (a if name == "priority" else None)
+    assert q.preempt_for(urgent, []) is None
     q.on_step(123.0)
     q.on_scheduled(a, 4, 0)
     with pytest.raises((ValueError, IndexError)):
         q.remove(b)
+    assert q.pop() is c and not q
+    with pytest.raises(IndexError):
+        q.peek()
 
 
-@pytest.mark.parametrize("cls", ALL)
-def test_ties_by_request_id_are_deterministic(cls):
-    q = cls()
+@pytest.mark.parametrize("name", POLICIES)
+def test_ties_by_request_id_are_deterministic(name):
+    q = make_queue(name)
     for rid in ["r2", "r0", "r1"]:  # equal priority, arrival and length
         q.add(req(rid, priority=1, arrival=5.0))
     order = drain(q)
-    assert order == (["r2", "r0", "r1"] if cls is FCFSQueue else ["r0", "r1", "r2"])
+    assert order == (["r2", "r0", "r1"] if name == "fcfs" else ["r0", "r1", "r2"])
 
 
 def test_fcfs_hooks_are_no_ops_and_prepend_goes_first():
@@ -219,10 +232,11 @@ def test_fair_rejects_bad_weights(kwargs, field):
 
 
 # -- config and end to end -------------------------------------------------------------------
-@pytest.mark.parametrize("name,cls", [("fcfs", FCFSQueue), ("priority", PriorityQueue),
-                                      ("sjf", SJFQueue), ("fair", FairQueue)])
-def test_yaml_instantiates(name, cls):
-    assert isinstance(instantiate(OmegaConf.load(f"conf/scheduler/{name}.yaml")), cls)
+@pytest.mark.parametrize("name", POLICIES)
+def test_yaml_instantiates(name):
+    q = make_queue(name)
+    assert isinstance(q, RequestQueue) and q.name == name
+    assert type(q).__module__ == "lab.scheduler.queues"
 
 
 def _submit(s, rid, prompt, max_tokens, priority, client):
@@ -233,12 +247,14 @@ def _submit(s, rid, prompt, max_tokens, priority, client):
     return r
 
 
-@pytest.mark.parametrize("make_queue", [FCFSQueue, PriorityQueue, lambda: SJFQueue(0.01), FairQueue],
-                         ids=["fcfs", "priority", "sjf", "fair"])
-def test_workload_completes_with_exact_outputs(make_queue):
+KNOBS = {"sjf": {"aging_bound_s": 0.01}}  # ages within the run: both of sjf's orders are used
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_workload_completes_with_exact_outputs(name):
     # A tiny cache forces preemption; mixed priorities, clients and lengths exercise each order.
     s = make_scheduler(num_blocks=10, block_size=4, max_num_seqs=3, budget=12, max_model_len=32,
-                       queue=make_queue())
+                       queue=make_queue(name, **KNOBS.get(name, {})))
     reqs, preempted = [], set()
     for i in range(12):
         prompt = [(i * 7 + j) % 9 + 1 for j in range(3 + (i * 5) % 11)]
