@@ -3,6 +3,7 @@
 import sys
 
 from lab.bench import e2e, kernels, overhead
+from lab.layers.linear import Linear
 
 
 def test_kernel_bench_smoke_checks_every_reference(capsys):
@@ -21,11 +22,45 @@ def test_overhead_bench_runs(capsys, monkeypatch):
     assert "schedule+update per step" in capsys.readouterr().out
 
 
-def test_e2e_bench_compares_configurations(capsys):
+class FakeClock:
+    """perf_counter for lab.bench.e2e: each timed run takes the next of `durations` seconds."""
+
+    def __init__(self, *durations: float) -> None:
+        self.ticks = [t for d in durations for t in (0.0, d)]
+
+    def perf_counter(self) -> float:
+        return self.ticks.pop(0)
+
+
+def test_e2e_bench_compares_configurations(capsys, monkeypatch):
+    """Each --runs spec builds its own engine (the quant=int8 run's linears are int8, the first
+    run's dense), and the table is the arithmetic of the tokens each timed generate returned and
+    a fake clock (2 s, then 0.5 s): tok/s = tokens / seconds, ratio = tok/s / the first's."""
+    engines, timed_tokens = [], []
+
+    class SpyLLM(e2e.LLM):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            engines.append(self.engine)
+
+        def generate(self, prompts, params):
+            outs = super().generate(prompts, params)
+            if len(prompts) > 1:  # the timed call (the warm-up has one prompt)
+                timed_tokens.append(sum(len(o.outputs[0].token_ids) for o in outs))
+            return outs
+
+    monkeypatch.setattr(e2e, "LLM", SpyLLM)
+    monkeypatch.setattr(e2e, "time", FakeClock(2.0, 0.5))
+    runs = ["attention=torch", "attention=torch,quant=int8"]
     e2e.main(["--model", "tiny_llama", "--num-seqs", "2", "--min-len", "4", "--max-len", "8",
-              "--max-num-batched-tokens", "64", "--runs", "attention=torch",
-              "attention=torch,quant=int8"])
+              "--max-num-batched-tokens", "64", "--runs", *runs])
     lines = capsys.readouterr().out.strip().splitlines()
-    rows = {line.split()[0]: line.split() for line in lines[-2:]}
-    assert set(rows) == {"attention=torch", "attention=torch,quant=int8"}
-    assert rows["attention=torch"][-1] == "1.00"
+    rows = {line.split()[0]: line.split()[1:] for line in lines[-2:]}
+    assert list(rows) == runs
+    methods = [{type(m.quant_method).__name__ for m in e.executor.worker.model.modules()
+                if isinstance(m, Linear)} for e in engines]
+    assert methods == [{"UnquantizedLinearMethod"}, {"Int8LinearMethod"}]
+    n_base, n_int8 = timed_tokens
+    assert n_base == n_int8 > 0  # ignore_eos: every run generates the same token counts
+    assert rows[runs[0]] == ["2.00", f"{n_base / 2.0:.1f}", "1.00"]
+    assert rows[runs[1]] == ["0.50", f"{n_int8 / 0.5:.1f}", "4.00"]  # same tokens in 1/4 the time
