@@ -6,8 +6,9 @@ tests/engine/parity_utils.py: default, chunked prefill, prefix-cache hits, preem
 import pytest
 
 from tests.engine.parity_utils import MODES, check_greedy_parity, hf_greedy_outputs
+from tests.options import tiny_models
 
-MODELS = ["tiny_deepseek", "tiny_deepseek_lite", "tiny_deepseek_v3"]
+MODELS = tiny_models("mla")
 
 
 @pytest.fixture(scope="module", params=MODELS)

@@ -8,8 +8,9 @@ that preemption happens (preemptions > 0). The helpers live in tests/engine/pari
 import pytest
 
 from tests.engine.parity_utils import MODES, check_greedy_parity, hf_greedy_outputs
+from tests.options import tiny_models
 
-MODELS = ["tiny_llama", "tiny_qwen3", "tiny_qwen2"]
+MODELS = tiny_models("gqa")  # MLA models: test_deepseek_parity.py
 
 
 @pytest.fixture(scope="module", params=MODELS)

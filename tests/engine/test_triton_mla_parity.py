@@ -10,8 +10,9 @@ import torch
 
 from lab import LLM
 from tests.engine.test_triton_flash_parity import check_backend_parity
+from tests.options import tiny_models
 
-MODELS = ["tiny_deepseek", "tiny_deepseek_lite", "tiny_deepseek_v3"]
+MODELS = tiny_models("mla")
 
 
 @pytest.mark.parametrize("model_name", MODELS)

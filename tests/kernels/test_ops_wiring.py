@@ -19,15 +19,15 @@ from lab.layers.rotary import RotaryEmbedding
 from lab.models.loader import load_model
 from lab.models.tiny import ensure_tiny_model
 from tests.models.conftest import DenseCausalBackend, run_model
+from tests.options import options
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "kernels"
 IDS = [0, 17, 42, 99, 3, 250, 7, 7, 311, 64, 5, 128, 200, 9]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("tiny-models")
-    return lambda name: ensure_tiny_model(name, cache)
+def tiny():
+    return ensure_tiny_model  # the shared cache ($LAB_CACHE_DIR): generated once, not per session
 
 
 def _logits(path, ops: LayerOps, dtype=torch.float32) -> torch.Tensor:
@@ -68,10 +68,14 @@ def test_auto_ops_follows_the_device():
     assert isinstance(auto_ops(), TritonOps if torch.cuda.is_available() else TorchOps)
 
 
-@pytest.mark.parametrize(("option", "cls"), [("torch", TorchOps), ("triton", TritonOps)])
-def test_kernels_configs_instantiate(option, cls):
+ON_CPU = {"torch": TorchOps, "triton": TritonOps, "auto": TorchOps}  # auto: see the next test
+
+
+@pytest.mark.parametrize("option", options("kernels"))
+def test_kernels_configs_instantiate(option):
     cfg = OmegaConf.create({"device": "cpu", "kernels": OmegaConf.load(CONF / f"{option}.yaml")})
-    assert isinstance(instantiate(cfg.kernels), cls)
+    ops = instantiate(cfg.kernels)
+    assert isinstance(ops, ON_CPU.get(option, LayerOps))
 
 
 def test_auto_config_reads_the_run_device():

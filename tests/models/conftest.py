@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lab.attention.base import AttentionBackend, AttentionSpec, KVCacheSpec
-from lab.models.tiny import ensure_tiny_model
+from lab.models.tiny import default_cache_dir, ensure_tiny_model
 
 
 class DenseCausalBackend(AttentionBackend):
@@ -38,13 +38,15 @@ def run_model(model, ids: list[int]) -> torch.Tensor:
 
 
 @pytest.fixture(scope="session")
-def model_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("lab-models")
+def model_cache() -> Path:
+    """The shared tiny-model cache ($LAB_CACHE_DIR, else ~/.cache/lab/models), as the engine
+    tests use: a preset is generated once (keyed by its spec's hash), not once per session."""
+    return default_cache_dir()
 
 
 @pytest.fixture(scope="session")
 def tiny_path(model_cache):
-    """tiny_path(name) -> the directory of a tiny preset generated once per test session."""
+    """tiny_path(name) -> the directory of a tiny preset (generated on first use)."""
 
     def get(name: str) -> Path:
         return ensure_tiny_model(name, model_cache)

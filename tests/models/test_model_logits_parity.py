@@ -8,11 +8,12 @@ from transformers import AutoModelForCausalLM
 
 from lab.models.loader import load_model
 from tests.models.conftest import DenseCausalBackend, run_model
+from tests.options import tiny_models
 
 PROMPTS = [[0, 5, 17, 300, 42], list(range(3, 40, 3)), [511, 2, 77] * 9]
 
 
-@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3", "tiny_qwen2"])
+@pytest.mark.parametrize("name", tiny_models("gqa"))  # MLA: tests/models/test_deepseek.py
 def test_logits_match_transformers(tiny_path, name):
     path = tiny_path(name)
     model, cfg = load_model(path, DenseCausalBackend(), torch.float32, "cpu")

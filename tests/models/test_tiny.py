@@ -12,6 +12,7 @@ from lab.models.source import HFModelSource, TinyModelSource
 from lab.models.tiny import BOS_ID, EOS_ID, PRESETS, ensure_tiny_model, generate_tiny_model
 from lab.models.tokenizer import load_tokenizer
 from tests.models.conftest import DenseCausalBackend, run_model
+from tests.options import tiny_models
 
 
 def test_generation_is_deterministic(tmp_path):
@@ -34,7 +35,7 @@ def test_ensure_reuses_and_rejects_unknown(tmp_path, tiny_path):
     assert set(PRESETS) >= {"tiny_llama", "tiny_qwen3", "tiny_qwen2", "bench_llama", "bench_qwen3_06b"}
 
 
-@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen2"])
+@pytest.mark.parametrize("name", tiny_models())
 def test_tokenizer_loads_and_round_trips(tiny_path, name):
     path = tiny_path(name)
     hf = AutoTokenizer.from_pretrained(path)
@@ -47,7 +48,7 @@ def test_tokenizer_loads_and_round_trips(tiny_path, name):
     assert (tok.eos_token_id, tok.vocab_size) == (EOS_ID, 512)
 
 
-@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3", "tiny_qwen2"])
+@pytest.mark.parametrize("name", tiny_models("gqa"))  # MLA: tests/models/test_deepseek.py
 def test_greedy_margins_are_decisive(tiny_path, name):
     model, _ = load_model(tiny_path(name), DenseCausalBackend(), torch.float32, "cpu")
     gen = torch.Generator().manual_seed(0)

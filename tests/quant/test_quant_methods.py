@@ -11,10 +11,12 @@ from lab.attention.torch_backend import TorchAttentionBackend
 from lab.engine.config import compose_config
 from lab.layers.linear import Linear, MergedLinear, QKVLinear, UnquantizedLinearMethod
 from lab.layers.ops import TorchOps
+from lab.quant.base import QuantConfig
 from lab.quant.fp8 import Fp8CheckpointLinearMethod, Fp8Config, quantize_fp8_weight
 from lab.quant.int8 import Int8Config
 from lab.quant.none import NoQuantConfig
 from lab.quant.w4a16 import W4A16Config
+from tests.options import options
 from tests.quant.conftest import load, tiny
 
 OPS = TorchOps()
@@ -165,11 +167,11 @@ def test_dense_checkpoint_with_quantization_config_is_refused():
         Fp8Config().check_checkpoint({"quant_method": "fp8", "activation_scheme": "static"})
 
 
-@pytest.mark.parametrize("option, cls", [
-    ("none", NoQuantConfig), ("int8", Int8Config), ("fp8", Fp8Config), ("w4a16", W4A16Config)])
-def test_hydra_group(option, cls):
-    cfg = compose_config([f"quant={option}"])
-    assert type(instantiate(cfg.quant)) is cls
+@pytest.mark.parametrize("option", options("quant"))
+def test_hydra_group(option):
+    config = instantiate(compose_config([f"quant={option}"]).quant)
+    assert isinstance(config, QuantConfig) and config.name == option
+    assert type(config).__module__ == f"lab.quant.{option}"  # one file per method
 
 
 def test_hydra_knobs():

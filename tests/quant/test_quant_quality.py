@@ -22,6 +22,7 @@ from lab.models.weight_utils import safetensors_weights
 from lab.quant.fp8 import Fp8Config, quantize_fp8_weight
 from lab.quant.int8 import Int8Config
 from lab.quant.w4a16 import W4A16Config
+from tests.options import options
 from tests.quant.conftest import compare, load, logits_of, tiny
 
 MODELS = ("tiny_llama", "tiny_qwen3")
@@ -41,6 +42,11 @@ METHODS = {
     "w4a16-g32-sym": (lambda: W4A16Config(group_size=32, symmetric=True), 2.0, 20.0, 0.35),
     "w4a16-g32-asym": (lambda: W4A16Config(group_size=32, symmetric=False), 1.4, 10.0, 0.45),
 }
+
+
+def test_every_quant_option_has_bounds():
+    """A new conf/quant option needs its bounds in METHODS (none is the reference)."""
+    assert {m.split("-")[0] for m in METHODS} == set(options("quant")) - {"none"}
 
 
 @functools.cache

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from lab.workloads import SyntheticWorkload, Workload, WorkloadRequest
 from lab.workloads.distributions import LengthDist, TokenSampler
+from tests.options import options
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB, EOS = 1000, 2
@@ -139,7 +140,7 @@ def test_length_dist_accepts_dictconfig():
     assert d.dist == "normal" and (d.min, d.max) == (4, 8)
 
 
-@pytest.mark.parametrize("name", ["synthetic", "shared_prefix", "poisson"])
+@pytest.mark.parametrize("name", options("workload"))
 def test_yaml_presets_instantiate(name):
     cfg = OmegaConf.load(REPO / "conf" / "workload" / f"{name}.yaml")
     workload = instantiate(cfg)
