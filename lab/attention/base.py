@@ -153,7 +153,22 @@ class AttentionBackend(ABC):
 
     #: the attention kinds this backend supports (see AttentionSpec.kind)
     supported_kinds: tuple[str, ...] = ("mha", "gqa")
+    #: the KV block sizes (tokens per block) this backend supports; `block_size` must be one.
+    #: Every backend in lab takes the powers of two 1..128: the torch reference gathers whole
+    #: blocks, and the Triton kernels index pages with `pos // BLOCK_SIZE`, `pos % BLOCK_SIZE` on
+    #: a constexpr block size (a shift and a mask for a power of two, one compiled kernel per
+    #: size; the kernel tests cover 1..128). A backend with a narrower kernel overrides this.
+    block_sizes: tuple[int, ...] = tuple(2**i for i in range(8))
     name: str = "base"
+
+    @classmethod
+    def check_block_size(cls, block_size: int) -> None:
+        """Refuse a `block_size` this backend has no kernel for, naming the sizes it has."""
+        if block_size not in cls.block_sizes:
+            raise ValueError(
+                f"block_size={block_size} is invalid for attention={cls.name}: it supports "
+                f"block sizes {', '.join(map(str, cls.block_sizes))}"
+            )
 
     def check_supported(self, spec: AttentionSpec) -> None:
         """Refuse a model whose attention kind this backend does not implement."""

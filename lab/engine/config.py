@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -27,10 +28,48 @@ def set_knobs(cfg: DictConfig, knobs: dict[str, object]) -> DictConfig:
     known = engine_knobs(cfg)
     for key, value in knobs.items():
         if "." not in key and key not in known:
-            raise ValueError(
-                f"unknown setting {key!r}: config groups are {', '.join(GROUPS)}; "
-                f"engine knobs are {', '.join(sorted(known))}"
-            )
+            raise ValueError(unknown_setting_message(key, known))
         with open_dict(cfg):
             OmegaConf.update(cfg, key, value, merge=False)
     return cfg
+
+
+def unknown_setting_message(key: str, knobs: list[str]) -> str:
+    """The refusal of a setting that is neither a config group nor an engine knob."""
+    return (f"unknown setting {key!r}: config groups are {', '.join(GROUPS)}; engine knobs are "
+            f"{', '.join(sorted(knobs))}")
+
+
+def hydra_choices() -> dict[str, str]:
+    """The option chosen in every config group of the running Hydra job ({} outside Hydra).
+    A list-valued group (`logger=[console,jsonl]`) is not among Hydra's choices."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    choices = HydraConfig.get().runtime.choices
+    return {k: str(v) for k, v in choices.items() if not k.startswith("hydra/") and v is not None}
+
+
+RUN_CHOICES_KEY = "choices"
+
+
+def run_config_yaml(cfg: DictConfig, choices: dict[str, str]) -> str:
+    """The text of a run directory's config.yaml: the resolved config the engine ran, plus one
+    top-level mapping `choices:` {group: option} naming the option of every group (`logger`: the
+    list of loggers), e.g. `choices: {attention: triton_mla, model: tiny_deepseek, ...,
+    logger: [console, jsonl]}`. `load_run_config` splits the two again."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    data[RUN_CHOICES_KEY] = {**choices, "logger": list(cfg.get("logger") or {})}
+    return OmegaConf.to_yaml(data)
+
+
+def load_run_config(path: str | Path) -> tuple[DictConfig, dict[str, Any]]:
+    """A run directory's config.yaml (or the directory) -> (the config the engine ran, which
+    `LLMEngine` accepts again; the `choices` mapping, {} in a config.yaml without one)."""
+    path = Path(path)
+    cfg = OmegaConf.load(path / "config.yaml" if path.is_dir() else path)
+    choices = OmegaConf.to_container(cfg.get(RUN_CHOICES_KEY) or OmegaConf.create({}))
+    with open_dict(cfg):
+        cfg.pop(RUN_CHOICES_KEY, None)
+    return cfg, choices

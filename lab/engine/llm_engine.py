@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from lab.cache.hashing import make_block_hasher
 from lab.engine.core import EngineCore
+from lab.engine.knobs import validate_config
 from lab.engine.outputs import CompletionOutput, RequestOutput
 from lab.engine.request import Request
 from lab.metrics.base import StatLogger
@@ -28,6 +29,7 @@ class LLMEngine:
     """The engine seen from a user: add requests, step, collect outputs and statistics."""
 
     def __init__(self, cfg: DictConfig, loggers: list[StatLogger] | None = None) -> None:
+        validate_config(cfg)  # every knob named with its allowed values before anything is built
         self.cfg = cfg
         self.model_path = instantiate(cfg.model).path()
         attn_backend = instantiate(cfg.attention)

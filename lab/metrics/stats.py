@@ -139,6 +139,7 @@ _LATENCIES = ("ttft", "tpot", "itl", "e2e")
 class RunSummary:
     """Aggregates of a run. Latencies in seconds; percentiles interpolate linearly (numpy)."""
 
+    status: str = "finished"  # run.py writes {"status": "failed", "stage", "error"} for a failed run
     num_requests: int = 0  # finished requests (aborted ones included)
     num_rejected: int = 0  # requests the engine refused at admission (e.g. too long)
     num_kv_blocks: int = 0  # usable KV blocks of the run (the null block excluded)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from lab.engine.config import hydra_choices
 from lab.metrics.base import StatLogger
 from lab.metrics.stats import RequestStats, RunSummary, StepStats
 
@@ -127,16 +128,6 @@ def request_row(r: RequestStats) -> dict[str, Any]:
     row["itl_mean"] = sum(itl) / len(itl) if itl else None
     row["itl_max"] = max(itl) if itl else None
     return row
-
-
-def hydra_choices() -> dict[str, str]:
-    """The option chosen in every config group of the running Hydra job ({} outside Hydra)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return {}
-    choices = HydraConfig.get().runtime.choices
-    return {k: str(v) for k, v in choices.items() if not k.startswith("hydra/") and v is not None}
 
 
 def choice_tags(choices: Mapping[str, str]) -> list[str]:

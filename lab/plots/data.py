@@ -38,14 +38,17 @@ def find_runs(paths: list[Path]) -> list[Path]:
         jobs = sorted((d for d in p.iterdir() if is_run_dir(d)), key=_job_order) \
             if p.is_dir() else []
         if not jobs:
-            raise FileNotFoundError(f"{p} is not a run directory (no {', '.join(REQUIRED)}) "
-                                    "nor a sweep directory holding run directories")
+            raise FileNotFoundError(f"{p} is not a run directory (no {', '.join(REQUIRED)}, "
+                                    "or a failed run: its summary.json says why) nor a sweep "
+                                    "directory holding run directories")
         runs.extend(jobs)
     return runs
 
 
 def is_run_dir(p: Path) -> bool:
-    return p.is_dir() and all((p / name).is_file() for name in REQUIRED)
+    """A finished run's directory (a failed one's summary.json says "status": "failed")."""
+    return (p.is_dir() and all((p / name).is_file() for name in REQUIRED)
+            and json.loads((p / "summary.json").read_text()).get("status") != "failed")
 
 
 def _job_order(p: Path) -> tuple[int, str]:
@@ -57,14 +60,15 @@ def load_run(path: Path) -> RunData:
     path = Path(path)
     run = RunData(path, _jsonl(path / "steps.jsonl"), _jsonl(path / "requests.jsonl"),
                   json.loads((path / "summary.json").read_text()))
-    if (path / "config.yaml").is_file():
+    if (path / "config.yaml").is_file():  # the resolved config + `choices` (run.py writes it)
         run.config = yaml.safe_load((path / "config.yaml").read_text()) or {}
+        run.choices = {k: str(v) for k, v in (run.config.pop("choices", None) or {}).items()}
     hydra_file = path / ".hydra" / "hydra.yaml"
     if hydra_file.is_file():
         choices = (yaml.safe_load(hydra_file.read_text()) or {}).get("hydra", {}) \
             .get("runtime", {}).get("choices", {}) or {}
-        run.choices = {k: str(v) for k, v in choices.items()
-                       if not k.startswith("hydra/") and v is not None}
+        run.choices.update({k: str(v) for k, v in choices.items()
+                            if not k.startswith("hydra/") and v is not None})
     return run
 
 

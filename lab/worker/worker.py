@@ -38,13 +38,28 @@ class CacheSizing:
 
 
 def resolve_device(device: str) -> torch.device:
-    """'auto' picks CUDA when it is available, else the CPU."""
+    """'auto' picks CUDA when it is available, else the CPU; a CUDA device must exist here."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except RuntimeError as e:
         raise ValueError(f"device={device!r} is invalid: use auto, cpu, cuda or cuda:N") from e
+    if dev.type == "cuda":
+        check_cuda_device(device, dev.index)
+    return dev
+
+
+def check_cuda_device(device: str, index: int | None) -> None:
+    """Refuse a CUDA device this machine does not have, saying how to run on the CPU."""
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} is invalid: CUDA is unavailable on this machine "
+                         "(no GPU, or torch built without CUDA); use device=cpu, or device=auto "
+                         "to take CUDA when there is one and the CPU otherwise")
+    count = torch.cuda.device_count()
+    if index is not None and index >= count:
+        raise ValueError(f"device={device!r} is invalid: this machine has {count} CUDA "
+                         f"device(s), cuda:0 .. cuda:{count - 1}")
 
 
 class Worker:

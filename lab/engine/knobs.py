@@ -1,0 +1,136 @@
+"""The engine knobs of conf/config.yaml: one table of what each may be, checked once a config is
+composed — by run.py before it writes the run directory, and by LLMEngine for every other path
+(the offline `LLM`, benchmarks, tests).
+
+    validate_config(cfg)   # ValueError naming the setting and its allowed values, else None
+
+A knob is a top-level key of conf/config.yaml that is not a config group, or a key of one of its
+blocks (`slo.ttft_s`). Only the keys conf/config.yaml itself has are known: `+name=value` on the
+command line adds a key that nothing reads, so it is refused with the list of knobs. Checks that
+need a component's class (which block sizes the attention backend supports) or the machine
+(whether CUDA is there for `device=cuda`) run here too, so the user meets the knob-named message
+before anything is built; the components keep their own checks as a second line of defence.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+
+from lab.engine.config import CONF_DIR, GROUPS, unknown_setting_message
+from lab.models.loader import DTYPES
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One setting of conf/config.yaml: its (dotted) name, what it may be, and the test."""
+
+    name: str
+    allowed: str  # the allowed values, as the error message states them
+    ok: Callable[[Any], bool]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _int_at_least(low: int) -> Callable[[Any], bool]:
+    return lambda v: _is_int(v) and v >= low
+
+
+def _or_null(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+def _positive(v: Any) -> bool:
+    return _is_number(v) and v > 0
+
+
+def _power_of_two(v: Any) -> bool:
+    return _is_int(v) and v >= 1 and v & (v - 1) == 0
+
+
+def _device(v: Any) -> bool:
+    return isinstance(v, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None
+
+
+DTYPE_NAMES = ("auto", *DTYPES)
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("max_num_seqs", "an integer >= 1 (most requests running at once)", _int_at_least(1)),
+    Knob("max_num_batched_tokens", "an integer >= 1 (token budget of one step)",
+         _int_at_least(1)),
+    Knob("max_model_len", "null (the model's limit, capped by the KV cache) or an integer >= 2 "
+         "(prompt + output tokens of one request)", _or_null(_int_at_least(2))),
+    Knob("block_size", "a power of two >= 1 that the attention backend supports (tokens per KV "
+         "block; 16 is the default)", _power_of_two),
+    Knob("num_gpu_blocks", "null (size the KV cache from memory) or an integer >= 2 (block 0 is "
+         "the null block)", _or_null(_int_at_least(2))),
+    Knob("gpu_memory_utilization", "a number in (0, 1] (fraction of GPU memory)",
+         lambda v: _positive(v) and v <= 1),
+    Knob("cpu_kv_cache_gb", "null (room for one request of the model's context, at most 1 GiB) "
+         "or a number of GiB > 0", _or_null(_positive)),
+    Knob("enable_prefix_caching", "true or false", lambda v: isinstance(v, bool)),
+    Knob("long_prefill_token_threshold", "an integer >= 0 (0 = off)", _int_at_least(0)),
+    Knob("seed", "an integer in [0, 2**63)", lambda v: _is_int(v) and 0 <= v < 2**63),
+    Knob("device", "auto, cpu, cuda or cuda:N", _device),
+    Knob("dtype", ", ".join(DTYPE_NAMES), lambda v: str(v).lower() in DTYPE_NAMES),
+    Knob("slo.ttft_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
+    Knob("slo.tpot_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
+    Knob("slo.e2e_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
+)
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Refuse unknown top-level keys and every knob outside its allowed values (ValueError)."""
+    check_known_keys(cfg)
+    for knob in KNOBS:
+        value = OmegaConf.select(cfg, knob.name)
+        if not knob.ok(value):
+            raise ValueError(f"{knob.name}={_show(value)} is invalid: must be {knob.allowed}")
+    get_class(cfg.attention._target_).check_block_size(cfg.block_size)
+    from lab.worker.worker import resolve_device  # torch and the model code: imported late
+
+    resolve_device(cfg.device)
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Every top-level key is a group or a knob of conf/config.yaml; every key of a knob's block
+    (slo) is one conf/config.yaml has."""
+    declared = declared_knobs()
+    for key in cfg:
+        if key in GROUPS or key == "hydra":
+            continue
+        if key not in declared:
+            raise ValueError(unknown_setting_message(key, list(declared))
+                             + " (a +key=value override adds a key that nothing reads)")
+        if isinstance(declared[key], dict):
+            extra = sorted(set(cfg[key] or {}) - set(declared[key]))
+            if extra:
+                raise ValueError(f"unknown setting '{key}.{extra[0]}': the keys of {key} are "
+                                 f"{', '.join(declared[key])}")
+
+
+@cache
+def declared_knobs() -> dict[str, Any]:
+    """The knobs conf/config.yaml declares (top-level keys that are not groups), with their
+    defaults as plain values."""
+    raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"), resolve=False)
+    return {k: v for k, v in raw.items() if k not in ("defaults", "hydra", *GROUPS)}
+
+
+def _show(value: Any) -> str:
+    """A value as the command line writes it: null, true, 16, 'cuda:x'."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return repr(value) if isinstance(value, str) else str(value)

@@ -1,0 +1,50 @@
+"""What `python run.py` leaves in its run directory: config.yaml with the option of every group
+(loadable again); and a failed run marked as failed."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import run
+from lab.engine.config import load_run_config
+from lab.engine.knobs import validate_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "run.py", *overrides, f"hydra.run.dir={tmp_path}"]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_a_run_records_every_choice(tmp_path):
+    proc = _run(tmp_path, "scheduler=priority", "workload.num_requests=9",
+                "workload.arrival=batch", "max_num_batched_tokens=128", "logger=[console,jsonl]")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg, choices = load_run_config(tmp_path)
+    assert choices["scheduler"] == "priority" and choices["model"] == "tiny_llama"
+    assert choices["attention"] == "torch" and choices["logger"] == ["console", "jsonl"]
+    validate_config(cfg)  # what the engine ran, loadable again
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "finished"
+
+
+def test_a_failed_start_is_marked_failed_and_names_the_key(tmp_path):
+    proc = _run(tmp_path, "+not_a_knob=1")
+    assert proc.returncode != 0
+    assert "unknown setting 'not_a_knob'" in proc.stderr and "max_num_seqs" in proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["stage"] == "start"
+    assert "not_a_knob" in summary["error"]
+    assert not (tmp_path / "config.yaml").exists() and not (tmp_path / "steps.jsonl").exists()
+
+
+def test_a_failure_midway_is_marked_with_its_stage(tmp_path):
+    with pytest.raises(RuntimeError, match="boom"):
+        with run.failure_marked(tmp_path, "run"):
+            raise RuntimeError("boom")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary == {"status": "failed", "stage": "run", "error": "RuntimeError: boom"}
