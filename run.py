@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,8 +42,8 @@ def main(cfg: DictConfig) -> None:
         (run_dir / "config.yaml").write_text(run_config_yaml(cfg, hydra_choices()))
         loggers = [instantiate(c) for c in (cfg.logger or {}).values()]
         engine = LLMEngine(cfg, loggers=loggers)
-        requests = instantiate(cfg.workload).requests(engine.hf_config.vocab_size,
-                                                      engine.eos_token_id)
+        requests = instantiate(cfg.workload).requests(
+            engine.hf_config.vocab_size, engine.eos_token_id, interpreted=triton_interpreted())
     with failure_marked(run_dir, "run"):
         for logger in loggers:
             logger.on_start(run_dir, OmegaConf.to_container(cfg, resolve=True), len(requests))
@@ -62,6 +63,13 @@ def failure_marked(run_dir: Path, stage: str) -> Iterator[None]:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / SUMMARY_FILE).write_text(json.dumps(record, indent=2) + "\n")
         raise
+
+
+def triton_interpreted() -> bool:
+    """Whether this run's Triton kernels run in Triton's interpreter: a kernel module was loaded
+    (importing lab.kernels switches the interpreter on when there is no CUDA) and it is on."""
+    kernels = sys.modules.get("lab.kernels")
+    return kernels is not None and kernels.interpreter_active()
 
 
 if __name__ == "__main__":

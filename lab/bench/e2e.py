@@ -53,7 +53,7 @@ def parse_run(spec: str) -> dict[str, str]:
 
 
 def run_config(spec: str, args, prompts, params) -> tuple[float, int]:
-    llm = LLM(args.model, **{"dtype": args.dtype, **parse_run(spec)},
+    llm = LLM(args.model, **{"dtype": args.dtype, "cpu_kv_cache_gb": 1.0, **parse_run(spec)},
               max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
     llm.generate([prompts[0][:16]], SamplingParams(max_tokens=4))  # warm-up (kernel compiles)
     if torch.cuda.is_available():

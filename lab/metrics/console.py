@@ -130,8 +130,7 @@ def summary_table(s: RunSummary) -> Table:
         ("TPOT p50 / p99", f"{_ms(s.tpot_p50)} / {_ms(s.tpot_p99)} ms"),
         ("ITL p50 / p99", f"{_ms(s.itl_p50)} / {_ms(s.itl_p99)} ms"),
         ("E2E p50 / p99", f"{_ms(s.e2e_p50)} / {_ms(s.e2e_p99)} ms"),
-        ("goodput (SLOs)", f"{_num(s.request_goodput)} req/s, "
-         f"{_pct(s.slo_attainment)} met {slo_text(s)}"),
+        ("goodput (SLOs)", goodput_text(s)),
         ("weights", f"{s.weight_bytes / 2**20:.2f} MiB"),
         ("KV cache", f"{s.num_kv_blocks} blocks x {s.kv_block_size} tokens, "
          f"{s.kv_bytes_per_token} bytes/token"),
@@ -144,9 +143,25 @@ def summary_table(s: RunSummary) -> Table:
          f"{s.num_swap_fallbacks} fallbacks"),
         ("steps / mean batch", f"{s.num_steps} / {_num(s.mean_batch_size)}"),
     ]
+    rows[5:5] = priority_rows(s)  # after the overall TTFT
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def priority_rows(s: RunSummary) -> list[tuple[str, str]]:
+    """One 'TTFT priority P' row per priority class, when the run had more than one."""
+    if len(s.ttft_by_priority) < 2:
+        return []
+    return [(f"  TTFT priority {p}", f"{_ms(d['p50'])} / {_ms(d['p99'])} ms, {d['count']} req")
+            for p, d in s.ttft_by_priority.items()]
+
+
+def goodput_text(s: RunSummary) -> str:
+    """Goodput and SLO attainment against the run's bounds, or that no SLO was set."""
+    if (s.slo_ttft_s, s.slo_tpot_s, s.slo_e2e_s) == (None, None, None):
+        return "no SLO set (slo.ttft_s, slo.tpot_s, slo.e2e_s)"
+    return f"{_num(s.request_goodput)} req/s, {_pct(s.slo_attainment)} met {slo_text(s)}"
 
 
 def slo_text(s: RunSummary) -> str:

@@ -170,6 +170,9 @@ class RunSummary:
     e2e_p50: float | None = None
     e2e_p90: float | None = None
     e2e_p99: float | None = None
+    # TTFT of each priority class present: {"0": {"count", "mean", "p50", "p90", "p99"}, ...}
+    # (keys are the priorities as strings, as JSON has them; lower is served first)
+    ttft_by_priority: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     peak_kv_cache_usage: float | None = None
     mean_kv_cache_usage: float | None = None
     prefix_cache_queries: int = 0
@@ -279,6 +282,18 @@ def _fill_requests(s: RunSummary, requests: Sequence[RequestStats]) -> None:
     for name in _LATENCIES:
         for key, val in _describe(values[name]).items():
             setattr(s, f"{name}_{key}", val)
+    s.ttft_by_priority = ttft_by_priority(requests)
+
+
+def ttft_by_priority(requests: Sequence[RequestStats]) -> dict[str, dict[str, float | int | None]]:
+    """{priority: {count, mean, p50, p90, p99}} of the TTFTs of each priority class, in priority
+    order; `count` is the requests of the class (those without a first token add no TTFT)."""
+    out: dict[str, dict[str, float | int | None]] = {}
+    for prio in sorted({r.priority for r in requests}):
+        mine = [r for r in requests if r.priority == prio]
+        out[str(prio)] = {"count": len(mine),
+                          **_describe([r.ttft for r in mine if r.ttft is not None])}
+    return out
 
 
 def _fill_steps(

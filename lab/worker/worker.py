@@ -19,6 +19,8 @@ from lab.worker.swap import BlockSwapper
 
 log = logging.getLogger(__name__)
 
+CPU_AUTO_KV_CAP_GB = 1.0  # cpu_kv_cache_gb=null never takes more than this
+
 
 @dataclass
 class CacheSizing:
@@ -26,15 +28,15 @@ class CacheSizing:
 
     num_gpu_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
-    cpu_kv_cache_gb: float = 1.0
+    cpu_kv_cache_gb: float | None = None  # None: room for one request of the model's context
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks={self.num_gpu_blocks} must be >= 2 (block 0 is null)")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
-        if self.cpu_kv_cache_gb <= 0:
-            raise ValueError("cpu_kv_cache_gb must be > 0")
+        if self.cpu_kv_cache_gb is not None and self.cpu_kv_cache_gb <= 0:
+            raise ValueError("cpu_kv_cache_gb must be > 0 (or null)")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -114,14 +116,27 @@ class Worker:
         if self.device.type == "cuda":
             available = self._profile_cuda_memory(sizing.gpu_memory_utilization)
         else:
-            available = int(sizing.cpu_kv_cache_gb * 2**30)
+            available = self._cpu_kv_bytes(sizing.cpu_kv_cache_gb)
         num_blocks = available // self.bytes_per_block
         if num_blocks < 2:
+            fix = ("lower max_num_batched_tokens or raise gpu_memory_utilization"
+                   if self.device.type == "cuda" else "raise cpu_kv_cache_gb")
             raise RuntimeError(
-                f"no memory left for the KV cache ({available / 2**30:.2f} GiB available); "
-                "lower max_num_batched_tokens or raise gpu_memory_utilization"
+                f"no memory left for the KV cache ({available / 2**30:.4f} GiB available, "
+                f"{self.bytes_per_block} bytes per block, 2 blocks at least); {fix}"
             )
         return int(num_blocks)
+
+    def _cpu_kv_bytes(self, cpu_kv_cache_gb: float | None) -> int:
+        """`cpu_kv_cache_gb` GiB; null: the smallest cache that admits any request the model
+        takes (max_position_embeddings tokens + the null block), at most CPU_AUTO_KV_CAP_GB.
+        The embedded tiny models (2048 positions) get 129 blocks of 16 tokens, so the default
+        workload, whose requests together want more, preempts."""
+        if cpu_kv_cache_gb is not None:
+            return int(cpu_kv_cache_gb * 2**30)
+        context = getattr(self.hf_config, "max_position_embeddings", None) or 2048
+        blocks = -(-context // self.block_size) + 1
+        return min(blocks * self.bytes_per_block, int(CPU_AUTO_KV_CAP_GB * 2**30))
 
     def _profile_cuda_memory(self, utilization: float) -> int:
         """Run a dummy max-size forward, measure the peak, and leave the rest for the cache."""

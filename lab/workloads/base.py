@@ -28,5 +28,10 @@ class Workload(ABC):
     """Base of the `workload` config group: a generator of timed requests."""
 
     @abstractmethod
-    def requests(self, vocab_size: int, eos_token_id: int | None) -> list[WorkloadRequest]:
-        """All requests of the run, sorted by `arrival_time` (ties keep generation order)."""
+    def requests(
+        self, vocab_size: int, eos_token_id: int | None, interpreted: bool = False
+    ) -> list[WorkloadRequest]:
+        """All requests of the run, sorted by `arrival_time` (ties keep generation order).
+
+        `interpreted`: Triton kernels run in Triton's interpreter (no CUDA), orders of magnitude
+        slower per step; a workload whose size was left to it may replay fewer requests then."""

@@ -26,13 +26,16 @@ from lab.workloads.distributions import (
     validate_arrival,
 )
 
+DEFAULT_NUM_REQUESTS = 64
+INTERPRETER_NUM_REQUESTS = 32  # the design card's command finishes in minutes on a 2-core CPU
+
 
 class SyntheticWorkload(Workload):
     """Random requests; every knob is a plain (Hydra-overridable) argument."""
 
     def __init__(
         self,
-        num_requests: int = 64,
+        num_requests: int | None = 64,
         prompt_len: Any = None,
         output_len: Any = None,
         arrival: str = "batch",
@@ -49,8 +52,9 @@ class SyntheticWorkload(Workload):
         low_token_id: int = 3,
         seed: int = 0,
     ) -> None:
-        _check_int("num_requests", num_requests, 1)
-        self.num_requests = num_requests
+        if num_requests is not None:
+            _check_int("num_requests", num_requests, 1)
+        self.num_requests = num_requests  # None: default_num_requests(interpreted)
         self.prompt_len = LengthDist.parse(
             {"min": 16, "max": 128} if prompt_len is None else prompt_len, "prompt_len")
         self.output_len = LengthDist.parse(
@@ -78,11 +82,13 @@ class SyntheticWorkload(Workload):
             )
         self.num_prefix_groups, self.prefix_len = num_prefix_groups, prefix_len
 
-    def requests(self, vocab_size: int, eos_token_id: int | None) -> list[WorkloadRequest]:
+    def requests(
+        self, vocab_size: int, eos_token_id: int | None, interpreted: bool = False
+    ) -> list[WorkloadRequest]:
         tokens = TokenSampler(vocab_size, eos_token_id, self.low_token_id)
         len_rng, tok_rng, arr_rng, pri_rng = (
             np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(4))
-        n = self.num_requests
+        n = self.num_requests or default_num_requests(interpreted)
         prompt_lens = self.prompt_len.sample(len_rng, n)
         output_lens = self.output_len.sample(len_rng, n)
         prompts = self._prompts(tokens, tok_rng, prompt_lens)
@@ -118,6 +124,12 @@ class SyntheticWorkload(Workload):
             + tokens.draw(rng, int(lens[i]) - self.prefix_len - 1)
             for i in range(n)
         ]
+
+
+def default_num_requests(interpreted: bool) -> int:
+    """What `num_requests: null` means: DEFAULT_NUM_REQUESTS, or INTERPRETER_NUM_REQUESTS when
+    Triton kernels run in Triton's interpreter (no CUDA), which is ~100x slower per step."""
+    return INTERPRETER_NUM_REQUESTS if interpreted else DEFAULT_NUM_REQUESTS
 
 
 def _check_int(name: str, value: object, low: int) -> None:

@@ -1,5 +1,5 @@
 """What `python run.py` leaves in its run directory: config.yaml with the option of every group
-(loadable again); and a failed run marked as failed."""
+(loadable again), a summary with per-priority TTFT; and a failed run marked as failed."""
 
 import json
 import subprocess
@@ -20,7 +20,7 @@ def _run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
-def test_a_run_records_every_choice(tmp_path):
+def test_a_run_records_every_choice_and_ttft_by_priority(tmp_path):
     proc = _run(tmp_path, "scheduler=priority", "workload.num_requests=9",
                 "workload.arrival=batch", "max_num_batched_tokens=128", "logger=[console,jsonl]")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -30,6 +30,11 @@ def test_a_run_records_every_choice(tmp_path):
     validate_config(cfg)  # what the engine ran, loadable again
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "finished"
+    by_prio = summary["ttft_by_priority"]
+    assert list(by_prio) == ["0", "1", "2"] and sum(d["count"] for d in by_prio.values()) == 9
+    assert all(d["p50"] > 0 and d["p99"] >= d["p90"] >= d["p50"] for d in by_prio.values())
+    out = proc.stdout + proc.stderr
+    assert "TTFT priority 0" in out and "TTFT priority 2" in out and "no SLO set" in out
 
 
 def test_a_failed_start_is_marked_failed_and_names_the_key(tmp_path):

@@ -55,4 +55,4 @@ def test_default_config_has_slo_block():
     from lab.engine.config import compose_config
 
     cfg = compose_config(["slo.e2e_s=5"])
-    assert SLO.from_config(cfg.slo) == SLO(ttft_s=1.0, tpot_s=0.1, e2e_s=5)
+    assert SLO.from_config(cfg.slo) == SLO(ttft_s=None, tpot_s=None, e2e_s=5)  # others off

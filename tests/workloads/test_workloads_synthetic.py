@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from lab.workloads import SyntheticWorkload, Workload, WorkloadRequest
 from lab.workloads.distributions import LengthDist, TokenSampler
+from lab.workloads.synthetic import default_num_requests
 from tests.options import options
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,5 +147,5 @@ def test_yaml_presets_instantiate(name):
     workload = instantiate(cfg)
     assert isinstance(workload, Workload)
     reqs = workload.requests(vocab_size=32000, eos_token_id=2)
-    assert len(reqs) == cfg.num_requests
+    assert len(reqs) == (cfg.num_requests or default_num_requests(interpreted=False))
     assert [r.arrival_time for r in reqs] == sorted(r.arrival_time for r in reqs)

@@ -1,0 +1,53 @@
+"""The defaults show the design card's point on a CPU: the default workload has priority classes,
+the CPU default KV cache is smaller than that workload wants (so runs preempt) while every request
+still fits, no SLO is set by default, and runs through Triton's interpreter replay fewer requests."""
+
+import math
+
+import pytest
+from hydra.utils import instantiate
+
+from lab.engine.config import compose_config
+from lab.engine.llm_engine import LLMEngine
+from lab.workloads.synthetic import (
+    DEFAULT_NUM_REQUESTS,
+    INTERPRETER_NUM_REQUESTS,
+    SyntheticWorkload,
+)
+
+DESIGN_CARD = ["attention=triton_mla", "scheduler=priority", "preemption=swap", "quant=fp8"]
+
+
+@pytest.mark.parametrize(("overrides", "interpreted"), [([], False), (DESIGN_CARD, True)],
+                         ids=["default", "design-card"])
+def test_cpu_default_kv_cache_is_smaller_than_the_default_workload_wants(overrides, interpreted):
+    """Requests arrive faster than a CPU serves them (8/s against a few per second), so most of
+    the workload is in the engine at once: with 1.3x more blocks wanted than the cache has, it
+    must preempt; and the longest request still fits (none is rejected)."""
+    cfg = compose_config([*overrides, "logger=[]", "device=cpu"])
+    engine = LLMEngine(cfg)
+    bs = cfg.block_size
+    reqs = instantiate(cfg.workload).requests(engine.hf_config.vocab_size, engine.eos_token_id,
+                                              interpreted=interpreted)
+    lengths = [len(r.prompt_token_ids) + r.sampling_params.max_tokens for r in reqs]
+    wanted = sum(math.ceil(n / bs) for n in lengths)
+    usable = engine.num_blocks - 1
+    assert wanted > 1.3 * usable, (wanted, usable)
+    assert max(lengths) <= engine.max_model_len
+    context = engine.hf_config.max_position_embeddings
+    assert usable == math.ceil(context / bs) and engine.max_model_len == context  # room for one
+
+
+def test_default_workload_has_priority_classes_and_no_slo():
+    cfg = compose_config()
+    reqs = instantiate(cfg.workload).requests(512, 2)
+    assert len(reqs) == DEFAULT_NUM_REQUESTS
+    assert {r.priority for r in reqs} == {0, 1, 2}
+    assert dict(cfg.slo) == {"ttft_s": None, "tpot_s": None, "e2e_s": None}
+
+
+def test_interpreter_runs_replay_fewer_requests_unless_told_how_many():
+    default = SyntheticWorkload(num_requests=None)
+    assert len(default.requests(512, 2, interpreted=True)) == INTERPRETER_NUM_REQUESTS
+    assert len(default.requests(512, 2)) == DEFAULT_NUM_REQUESTS > INTERPRETER_NUM_REQUESTS
+    assert len(SyntheticWorkload(num_requests=40).requests(512, 2, interpreted=True)) == 40
