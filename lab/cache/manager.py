@@ -209,6 +209,15 @@ class KVCacheManager:
         self.num_cached_block.pop(request.request_id, None)
         self.block_pool.free_blocks(reversed(blocks))
 
+    def free_all(self) -> None:
+        """Release every request's blocks and swap blocks (recovery after a scheduler failure)."""
+        for blocks in self.req_to_blocks.values():
+            self.block_pool.free_blocks(reversed(blocks))
+        self.req_to_blocks.clear()
+        self.num_cached_block.clear()
+        for request_id in list(self.swap_space.req_to_blocks):
+            self.swap_space.discard(request_id)
+
     def uncomputed_cached_blocks(self, request: Request) -> list[KVCacheBlock]:
         """The request's blocks in the prefix cache past its computed tokens: committed at
         allocation for tokens of the current step (see the module docstring), stale if that step's
@@ -225,6 +234,11 @@ class KVCacheManager:
         if rid in self.num_cached_block:
             self.num_cached_block[rid] = min(self.num_cached_block[rid],
                                              request.num_computed_tokens // self.block_size)
+
+    def uncache_block_ids(self, block_ids: list[int]) -> None:
+        """Take these blocks out of the prefix cache, whoever holds them."""
+        for block_id in block_ids:
+            self.block_pool.uncache_block(self.block_pool.blocks[block_id])
 
     # -- swap ------------------------------------------------------------------------------
     def swap_out(self, request: Request) -> bool:

@@ -11,6 +11,11 @@ from lab.metrics.stats import StepStats
 from lab.scheduler.scheduler import Scheduler
 
 
+class EngineStuckError(RuntimeError):
+    """A step scheduled nothing and preempted nothing while requests were unfinished: no later
+    step could make progress either. A scheduler bug, reported instead of spinning."""
+
+
 class EngineCore:
     """Owns the scheduler and the executor; one `step()` is one forward pass."""
 
@@ -23,6 +28,7 @@ class EngineCore:
         self.clock = clock
         self.origin = clock()
         self.step_count = 0
+        self._failed: list[Request] = []
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -34,16 +40,50 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> tuple[list[Request], StepStats]:
-        """Run one step; return the requests that got a token (finished ones included)."""
+        """Run one step; return the requests that got a token (finished ones included).
+
+        A step that raises (any exception, KeyboardInterrupt included) re-raises after the
+        scheduler has failed exactly the requests it scheduled (`Scheduler.fail_step`), or every
+        unfinished request when the scheduler itself raised (`Scheduler.fail_all`); those are
+        then in `take_failed()`, finished with reason `error`, their blocks freed.
+        """
         t0 = self.clock()
-        sched = self.scheduler.schedule()
+        sched = self._guarded(self.scheduler.schedule, self.scheduler.fail_all)
         t1 = self.clock()
-        result = self.executor.execute_model(sched)
+        result = self._guarded(lambda: self.executor.execute_model(sched),
+                               lambda: self.scheduler.fail_step(sched))
         t2 = self.clock()
-        updated = self.scheduler.update_from_output(sched, result)
+        updated = self._guarded(lambda: self.scheduler.update_from_output(sched, result),
+                                self.scheduler.fail_all)
         stats = self._make_stats(sched, updated, t1 - t0, t2 - t1)
         self.step_count += 1
+        self._check_progress(sched)
         return updated, stats
+
+    def _guarded(self, run: Callable[[], object], fail: Callable[[], list[Request]]):
+        try:
+            return run()
+        except BaseException:
+            self._failed.extend(fail())
+            raise
+
+    def _check_progress(self, sched) -> None:
+        """An empty step that preempted nothing while requests wait would repeat forever."""
+        if not sched.is_empty or sched.preempted_req_ids:
+            return
+        if not self.scheduler.has_unfinished_requests():
+            return
+        state = self.scheduler.describe_unfinished()
+        self._failed.extend(self.scheduler.fail_all())
+        raise EngineStuckError(
+            f"engine step {self.step_count - 1} scheduled no token and preempted nothing while "
+            f"requests were unfinished ({state}); they were failed with finish reason 'error' "
+            "so the engine can go on. This is a scheduler bug: please report it.")
+
+    def take_failed(self) -> list[Request]:
+        """Requests failed by steps that raised since the last call."""
+        failed, self._failed = self._failed, []
+        return failed
 
     def _make_stats(self, sched, updated: list[Request], t_sched: float, t_exec: float) -> StepStats:
         s, kv = self.scheduler, self.scheduler.kv

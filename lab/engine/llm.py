@@ -16,67 +16,92 @@ from pathlib import Path
 from tqdm import tqdm
 
 from lab.engine.config import CONF_DIR, GROUPS, compose_config, set_knobs
-from lab.engine.llm_engine import LLMEngine, validate_metadata
+from lab.engine.llm_engine import LLMEngine, RequestSpec
 from lab.engine.outputs import RequestOutput
+from lab.metrics.base import StatLogger
 from lab.sampling.params import SamplingParams
 
 Prompt = str | list[int]
+PromptInput = Prompt | dict  # + vLLM's {"prompt": str} and {"prompt_token_ids": [...]}
 
 
 class LLM:
     """Generate for a batch of prompts with continuous batching, vLLM style."""
 
-    def __init__(self, model: str = "tiny_llama", **kwargs: object) -> None:
+    def __init__(
+        self, model: str = "tiny_llama", stat_loggers: Sequence[StatLogger] = (), **kwargs: object,
+    ) -> None:
+        """`stat_loggers` receive every StepStats / RequestStats (e.g. an InMemoryLogger for the
+        full trace; the engine itself keeps only the latest `recent_steps`)."""
         groups = {k: v for k, v in kwargs.items() if k in GROUPS}
         knobs = {k: v for k, v in kwargs.items() if k not in GROUPS}
+        option = _model_option(model)
         overrides = [f"{k}={_group_value(v)}" for k, v in groups.items()]
-        overrides.append(f"model={_model_option(model)}")
+        overrides.append(f"model={option}")
         if "logger" not in groups:
             overrides.append("logger=[]")
         cfg = compose_config(overrides)
-        if _model_option(model) == "hf":
-            knobs["model.path"] = str(Path(model).resolve())
+        if option == "hf" and model != "hf":  # a checkpoint directory
+            knobs.setdefault("model.path", str(Path(model).resolve()))
+        elif option == "hf" and "model.path" not in knobs:
+            raise ValueError('model="hf" needs the checkpoint directory: LLM("/path/to/ckpt") or '
+                             'LLM("hf", **{"model.path": "/path/to/ckpt"})')
         self.cfg = set_knobs(cfg, knobs)
-        self.engine = LLMEngine(self.cfg)
+        self.engine = LLMEngine(self.cfg, loggers=list(stat_loggers))
 
     def get_tokenizer(self):
         return self.engine.tokenizer
 
     def generate(
-        self, prompts: Prompt | Sequence[Prompt],
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        self, prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | dict | Sequence[SamplingParams | dict] | None = None,
         use_tqdm: bool = False, priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in input order."""
-        prompts = _as_prompt_list(prompts)
+        """Run every prompt to completion; outputs come back in input order.
+
+        A prompt is a string, a list of token ids, or vLLM's `{"prompt": str}` /
+        `{"prompt_token_ids": [...]}`. Every prompt is checked before any is queued (all or
+        nothing). If a step fails or the call is interrupted (KeyboardInterrupt), the call's
+        unfinished requests are aborted, their blocks freed, and the exception propagates; the
+        LLM stays usable.
+        """
+        prompts = [_prompt_of(p, i) for i, p in enumerate(_as_prompt_list(prompts))]
         params = _as_params_list(sampling_params, len(prompts))
         prios = list(priority) if priority is not None else [0] * len(prompts)
         if len(prios) != len(prompts):
             raise ValueError(f"priority has {len(prios)} entries for {len(prompts)} prompts")
-        for i, (p, pr) in enumerate(zip(prompts, prios)):  # refuse before anything runs
-            self._check_prompt(i, p, pr)
-        ids = [self.engine.add_request(p, sp, priority=pr).request_id
-               for p, sp, pr in zip(prompts, params, prios)]
-        return self._run(ids, use_tqdm)
-
-    def _check_prompt(self, index: int, prompt: Prompt, priority: object) -> None:
-        ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        try:
-            self.engine._validate_prompt(ids)
-            validate_metadata(priority, None)
-        except ValueError as e:
-            raise ValueError(f"prompts[{index}]: {e}") from None
+        specs = [RequestSpec(p, sp, priority=pr) for p, sp, pr in zip(prompts, params, prios)]
+        reqs = self.engine.add_requests(specs, label="prompts")
+        return self._run([r.request_id for r in reqs], use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        """Step until every request of `ids` has finished; other requests' final outputs are
+        handed back to the engine for whoever added them."""
         done: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                if out.finished:
-                    done[out.request_id] = out
-                    bar.update(1)
-        bar.close()
+        mine = set(ids)
+        with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
+            try:
+                while len(done) < len(ids):
+                    self._check_owed(mine - set(done))
+                    finished = [o for o in self.engine.step() if o.finished]
+                    self.engine.defer_outputs([o for o in finished if o.request_id not in mine])
+                    for out in (o for o in finished if o.request_id in mine):
+                        done[out.request_id] = out
+                        bar.update(1)
+            except BaseException:
+                self.engine.abort_request([i for i in ids if i not in done])
+                self.engine.take_outputs(mine)
+                raise
         return [done[i] for i in ids]
+
+    def _check_owed(self, missing: set[str]) -> None:
+        """Refuse to spin when the engine holds none of the requests still owed an output."""
+        if missing & set(self.engine.scheduler.requests):
+            return
+        if any(o.request_id in missing for o in self.engine.peek_outputs()):
+            return
+        raise RuntimeError(f"requests {sorted(missing)} left the engine without a final output "
+                           "(aborted behind the engine's back?)")
 
 
 def _model_option(model: str) -> str:
@@ -94,20 +119,41 @@ def _group_value(value: object) -> str:
     return str(value)
 
 
-def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
-    if isinstance(prompts, str):
+def _as_prompt_list(prompts) -> list:
+    if isinstance(prompts, str | dict):
         return [prompts]
+    if not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a prompt or a list of prompts, not "
+                        f"{type(prompts).__name__}")
     prompts = list(prompts)
     if prompts and all(isinstance(t, int) for t in prompts):
         return [prompts]  # a single token-id prompt
     return prompts
 
 
-def _as_params_list(sp, n: int) -> list[SamplingParams]:
+PROMPT_KEYS = ("prompt", "prompt_token_ids")
+
+
+def _prompt_of(prompt: PromptInput, index: int) -> Prompt:
+    """A text or token-id prompt from any accepted form (vLLM's TextPrompt / TokensPrompt)."""
+    if not isinstance(prompt, dict):
+        return prompt
+    keys = set(prompt)
+    if len(keys) != 1 or not keys <= set(PROMPT_KEYS):
+        raise ValueError(f"prompts[{index}] has keys {sorted(map(str, keys))}: a dict prompt "
+                         f"holds exactly one of {', '.join(PROMPT_KEYS)} (lab has no "
+                         "multi-modal inputs)")
+    return prompt[keys.pop()]
+
+
+def _as_params_list(sp, n: int) -> list:
     if sp is None:
-        return [SamplingParams() for _ in range(n)]
-    if isinstance(sp, SamplingParams):
+        return [None] * n
+    if isinstance(sp, SamplingParams | dict):
         return [sp] * n
+    if isinstance(sp, str) or not isinstance(sp, Sequence):
+        raise TypeError(f"sampling_params must be a SamplingParams, a dict of its fields, or a "
+                        f"list of them (one per prompt), not {type(sp).__name__}")
     sp = list(sp)
     if len(sp) != n:
         raise ValueError(f"sampling_params has {len(sp)} entries for {n} prompts")

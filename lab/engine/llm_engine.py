@@ -6,6 +6,9 @@ import functools
 import itertools
 import logging
 import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig
@@ -18,7 +21,7 @@ from lab.engine.request import Request
 from lab.metrics.base import StatLogger
 from lab.metrics.stats import RequestStats, StepStats
 from lab.models.tokenizer import load_tokenizer
-from lab.sampling.params import SamplingParams
+from lab.sampling.params import SamplingParams, as_sampling_params
 from lab.scheduler.scheduler import Scheduler, SchedulerConfig
 from lab.worker.worker import CacheSizing, Worker
 
@@ -28,7 +31,9 @@ log = logging.getLogger(__name__)
 class LLMEngine:
     """The engine seen from a user: add requests, step, collect outputs and statistics."""
 
-    def __init__(self, cfg: DictConfig, loggers: list[StatLogger] | None = None) -> None:
+    def __init__(
+        self, cfg: DictConfig, loggers: list[StatLogger] | None = None, stats_window: int = 1000,
+    ) -> None:
         validate_config(cfg)  # every knob named with its allowed values before anything is built
         self.cfg = cfg
         self.model_path = instantiate(cfg.model).path()
@@ -53,9 +58,11 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(self.model_path)
         self.block_hasher = make_block_hasher(cfg.block_size)
         self.loggers = list(loggers or [])
-        self.step_stats: list[StepStats] = []
-        self.request_stats: list[RequestStats] = []
+        # the latest records only: a long-lived engine must not grow; loggers keep the full trace
+        self.recent_steps: deque[StepStats] = deque(maxlen=stats_window)
+        self.recent_requests: deque[RequestStats] = deque(maxlen=stats_window)
         self._prompts: dict[str, str | None] = {}
+        self._pending: list[RequestOutput] = []  # finished outside step(): reported by the next
         self._ids = itertools.count()
 
     def _build_scheduler(self, cfg: DictConfig, bytes_per_block: int) -> Scheduler:
@@ -77,56 +84,124 @@ class LLMEngine:
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(
-        self, prompt: str | list[int], params: SamplingParams | None = None,
+        self, prompt: str | list[int], params: SamplingParams | dict | None = None,
         request_id: str | None = None, arrival_time: float | None = None, priority: int = 0,
         client_id: str | None = None,
     ) -> Request:
-        """Validate and queue a request; a bad one raises ValueError and changes nothing."""
-        text = prompt if isinstance(prompt, str) else None
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        params = params if params is not None else SamplingParams()
-        self._validate_prompt(ids)
-        validate_metadata(priority, client_id)
-        rid = request_id if request_id is not None else str(next(self._ids))
-        if rid in self.scheduler.requests:
-            raise ValueError(f"request_id {rid!r} is already in use")
-        req = Request(rid, ids, params, self.eos_token_id,
-                      time.perf_counter() if arrival_time is None else arrival_time,
-                      priority=priority, client_id=client_id, block_hasher=self.block_hasher)
-        self._prompts[rid] = text
-        self.core.add_request(req)
-        return req
+        """Validate and queue a request; a bad one raises (ValueError / TypeError naming what is
+        wrong) and changes nothing."""
+        return self.add_requests([RequestSpec(prompt, params, request_id, arrival_time,
+                                              priority, client_id)])[0]
 
-    def _validate_prompt(self, ids: list[int]) -> None:
+    def add_requests(self, specs: Sequence[RequestSpec], label: str = "requests") -> list[Request]:
+        """Validate every request, then queue them all: all or nothing. An error names the
+        request it refuses as `label[index]`."""
+        taken = set(self.scheduler.requests) | {o.request_id for o in self._pending}
+        reqs = []
+        for i, spec in enumerate(specs):
+            try:
+                reqs.append(self._make_request(spec, taken))
+            except (ValueError, TypeError) as e:
+                if len(specs) == 1:
+                    raise
+                raise type(e)(f"{label}[{i}]: {e}") from None
+            taken.add(reqs[-1].request_id)
+        for req, spec in zip(reqs, specs):
+            self._prompts[req.request_id] = spec.prompt if isinstance(spec.prompt, str) else None
+            self.core.add_request(req)
+        return reqs
+
+    def _make_request(self, spec: RequestSpec, taken: set[str]) -> Request:
+        ids = self.tokenizer.encode(spec.prompt) if isinstance(spec.prompt, str) else spec.prompt
+        ids = self._validate_prompt(ids)
+        params = SamplingParams() if spec.params is None else as_sampling_params(spec.params)
+        validate_metadata(spec.priority, spec.client_id)
+        rid = spec.request_id
+        if rid is None:
+            rid = self._fresh_id(taken)
+        elif not isinstance(rid, str):
+            raise TypeError(f"request_id={rid!r} must be a string")
+        elif rid in taken:
+            raise ValueError(f"request_id {rid!r} is already in use")
+        arrival = time.perf_counter() if spec.arrival_time is None else spec.arrival_time
+        return Request(rid, ids, params, self.eos_token_id, arrival, priority=spec.priority,
+                       client_id=spec.client_id, block_hasher=self.block_hasher)
+
+    def _fresh_id(self, taken: set[str]) -> str:
+        """The next counter value no live request uses (a user may have taken "3")."""
+        rid = str(next(self._ids))
+        while rid in taken:
+            rid = str(next(self._ids))
+        return rid
+
+    def _validate_prompt(self, ids: object) -> list[int]:
         vocab = self.hf_config.vocab_size
+        if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+            raise TypeError(f"a prompt must be a string or a list of token ids, not "
+                            f"{type(ids).__name__}")
+        ids = list(ids)
         if not ids:
             raise ValueError("prompt is empty: give at least one token")
-        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in ids):
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 or t >= vocab for t in ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         if len(ids) >= self.max_model_len:
             raise ValueError(
                 f"prompt has {len(ids)} tokens but max_model_len={self.max_model_len} leaves no "
                 "room for an output token; shorten the prompt or raise max_model_len")
+        return ids
 
     def abort_request(self, request_ids: list[str]) -> list[RequestOutput]:
-        """Abort requests wherever they are; their blocks are freed at once."""
-        return [self._finish(r) for r in self.core.abort_requests(list(request_ids))]
+        """Abort requests wherever they are; their blocks are freed at once. Returns their final
+        outputs (finish reason `abort`), which the next step() reports too, so a step loop sees
+        every request finish."""
+        outs = [self._finish(r) for r in self.core.abort_requests(list(request_ids))]
+        self._pending.extend(outs)
+        return outs
 
     def has_unfinished_requests(self) -> bool:
-        return self.core.has_unfinished_requests()
+        """Requests still running or waiting, or final outputs step() has not reported yet."""
+        return bool(self._pending) or self.core.has_unfinished_requests()
+
+    def take_outputs(self, request_ids: set[str]) -> list[RequestOutput]:
+        """Remove (and return) the not yet reported outputs of these requests."""
+        mine = [o for o in self._pending if o.request_id in request_ids]
+        self._pending = [o for o in self._pending if o.request_id not in request_ids]
+        return mine
+
+    def peek_outputs(self) -> list[RequestOutput]:
+        """The final outputs the next step() will report first (not removed)."""
+        return list(self._pending)
+
+    def defer_outputs(self, outputs: list[RequestOutput]) -> None:
+        """Hand final outputs back so that the next step() reports them (to their owner)."""
+        self._pending.extend(outputs)
 
     # -- steps ---------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One engine step; returns an output for every request that got a token."""
-        updated, stats = self.core.step()
-        self.step_stats.append(stats)
+        """One engine step; returns an output for every request that got a token this step,
+        after the final outputs of requests that finished outside a step (aborted, or failed by
+        a step that raised).
+
+        A step that raises re-raises here after failing exactly the requests it touched (finish
+        reason `error`, blocks freed; see EngineCore.step); their outputs come with the next
+        step(). The engine serves the next step as usual.
+        """
+        outputs, self._pending = self._pending, []
+        if not self.core.has_unfinished_requests():
+            return outputs
+        try:
+            updated, stats = self.core.step()
+        except BaseException:
+            self._pending = outputs + [self._finish(r) for r in self.core.take_failed()]
+            raise
+        self.recent_steps.append(stats)
         for logger in self.loggers:
             logger.on_step(stats)
-        return [self._finish(r) if r.is_finished else self._output(r) for r in updated]
+        return outputs + [self._finish(r) if r.is_finished else self._output(r) for r in updated]
 
     def _finish(self, req: Request) -> RequestOutput:
         stats = RequestStats.from_request(req, self.core.origin)
-        self.request_stats.append(stats)
+        self.recent_requests.append(stats)
         for logger in self.loggers:
             logger.on_request(stats)
         out = self._output(req)
@@ -142,6 +217,18 @@ class LLMEngine:
                                       req.stop_reason)
         return RequestOutput(req.request_id, self._prompts.get(req.request_id),
                              req.prompt_token_ids, [completion], finished=done)
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request as a caller gives it to `LLMEngine.add_requests`."""
+
+    prompt: str | list[int]
+    params: SamplingParams | dict | None = None
+    request_id: str | None = None
+    arrival_time: float | None = None
+    priority: int = 0
+    client_id: str | None = None
 
 
 def num_swap_blocks(scheduler: Scheduler) -> int:

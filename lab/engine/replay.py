@@ -6,6 +6,7 @@ import logging
 import time
 
 from lab.engine.llm_engine import LLMEngine
+from lab.metrics.memory import InMemoryLogger
 from lab.metrics.stats import SLO, RunSummary, summarize
 from lab.workloads.base import WorkloadRequest
 
@@ -19,6 +20,25 @@ def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
     Goodput is measured against the config's `slo:` block.
     """
     slo = SLO.from_config(engine.cfg.get("slo"))  # refuse a bad block before the run
+    trace = InMemoryLogger()  # the run's records (the engine itself keeps only the latest)
+    engine.loggers.append(trace)
+    try:
+        wall, rejected = _replay(engine, requests)
+    finally:
+        engine.loggers.remove(trace)
+    if rejected:
+        log.warning("%d request(s) were rejected", rejected)
+    summary = summarize(trace.steps, trace.requests, wall, slo)
+    summary.num_rejected = rejected
+    summary.num_kv_blocks = engine.num_blocks - 1
+    summary.kv_block_size = engine.cfg.block_size
+    summary.kv_bytes_per_token = engine.kv_bytes_per_token
+    summary.weight_bytes = engine.weight_bytes
+    return summary
+
+
+def _replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> tuple[float, int]:
+    """Submit at arrival times and step until done: (wall seconds, requests rejected)."""
     pending = sorted(requests, key=lambda r: r.arrival_time)
     start = time.perf_counter()
     i, rejected = 0, 0
@@ -31,16 +51,7 @@ def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
             engine.step()
         elif i < len(pending):
             time.sleep(max(0.0, pending[i].arrival_time - (time.perf_counter() - start)))
-    wall = time.perf_counter() - start
-    if rejected:
-        log.warning("%d request(s) were rejected", rejected)
-    summary = summarize(engine.step_stats, engine.request_stats, wall, slo)
-    summary.num_rejected = rejected
-    summary.num_kv_blocks = engine.num_blocks - 1
-    summary.kv_block_size = engine.cfg.block_size
-    summary.kv_bytes_per_token = engine.kv_bytes_per_token
-    summary.weight_bytes = engine.weight_bytes
-    return summary
+    return time.perf_counter() - start, rejected
 
 
 def _submit(engine: LLMEngine, wr: WorkloadRequest, start: float) -> int:
@@ -49,6 +60,6 @@ def _submit(engine: LLMEngine, wr: WorkloadRequest, start: float) -> int:
                            arrival_time=start + wr.arrival_time, priority=wr.priority,
                            client_id=wr.client_id)
         return 0
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         log.error("request %s rejected: %s", wr.request_id, e)
         return 1

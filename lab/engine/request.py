@@ -26,6 +26,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH_CAPPED = 5
     FINISHED_ABORTED = 6
     FINISHED_IGNORED = 7
+    FINISHED_ERROR = 8  # its step failed (the executor raised, or the step was interrupted)
 
     @property
     def is_finished(self) -> bool:
@@ -37,6 +38,7 @@ FINISH_REASONS = {
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
     RequestStatus.FINISHED_IGNORED: "ignored",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 

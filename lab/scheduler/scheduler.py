@@ -22,6 +22,7 @@ from lab.scheduler.output import (
 )
 from lab.scheduler.preemption import PreemptionStrategy
 from lab.scheduler.queues import RequestQueue
+from lab.scheduler.recovery import StepRecovery
 
 
 @dataclass
@@ -65,7 +66,7 @@ class StepEvents:
     num_swap_fallbacks: int = 0  # swap-outs refused (swap space full): recomputed instead
 
 
-class Scheduler:
+class Scheduler(StepRecovery):
     """One piece of mechanism; the policy and strategy are plug-ins."""
 
     def __init__(
@@ -98,13 +99,17 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None or req.is_finished:
                 continue
-            if req.status == RequestStatus.RUNNING:
-                self.running.remove(req)
-            else:
-                self.waiting.remove(req)
+            self._detach(req)
             self._finish(req, RequestStatus.FINISHED_ABORTED)
             aborted.append(req)
         return aborted
+
+    def _detach(self, req: Request) -> None:
+        """Take an unfinished request out of the running list or the waiting queue."""
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.running) or bool(self.waiting)
@@ -300,8 +305,8 @@ class Scheduler:
                     rid, plan.new_blocks[rid], req.num_computed_tokens,
                     resumed_from_preemption=rid in plan.resumed))
             req.num_computed_tokens += plan.num_tokens[rid]  # the next chunk can go next step
-        self.finished_req_ids = set()
         self._check_invariants(out)
+        self.finished_req_ids = set()  # last: a schedule() that raises keeps them for the next
         return out
 
     def _count_tokens(self, req: Request, n: int) -> None:

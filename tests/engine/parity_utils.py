@@ -56,7 +56,7 @@ def check_greedy_parity(model_name: str, hf_outputs: dict, mode: str, **knobs) -
     for p, o in zip(prompts, outs):
         assert o.prompt_token_ids == p
         assert o.outputs[0].token_ids == hf_outputs[tuple(p)], f"prompt of {len(p)} tokens"
-    steps = llm.engine.step_stats
+    steps = llm.engine.recent_steps
     if mode == "prefix":
         assert sum(s.prefix_cache_hits for s in steps) > 0
     if mode == "preempt":

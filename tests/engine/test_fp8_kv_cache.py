@@ -128,7 +128,7 @@ def test_fp8_with_swap_preemption():
     small = _fp8("tiny_llama", attention="torch", preemption="swap", num_gpu_blocks=16,
                  block_size=4, max_model_len=32)
     got = _greedy(small, prompts)
-    steps = small.engine.step_stats
+    steps = small.engine.recent_steps
     swapped = sum(s.swap_out_blocks for s in steps)
     print(f"fp8 + swap: {sum(s.num_preempted for s in steps)} preemptions, {swapped} blocks out")
     assert swapped > 0 and sum(s.swap_in_blocks for s in steps) == swapped

@@ -37,14 +37,14 @@ def test_pair_under_memory_pressure(scheduler, preemption, reference):
               block_size=4, max_model_len=44)
     outs = llm.generate(prompts, SP, priority=priorities)
     assert [o.outputs[0].token_ids for o in outs] == reference
-    preempted = sum(s.num_preempted for s in llm.engine.step_stats)
+    preempted = sum(s.num_preempted for s in llm.engine.recent_steps)
     if preemption == "reserve":
         assert preempted == 0
     else:
         assert preempted > 0
     kv = llm.engine.scheduler.kv
     assert kv.num_free_blocks == kv.num_blocks - 1
-    steps = llm.engine.step_stats
+    steps = llm.engine.recent_steps
     swapped_out = sum(s.swap_out_blocks for s in steps)
     assert (swapped_out > 0) == (preemption == "swap")
     if preemption == "swap":
@@ -65,7 +65,7 @@ def test_swap_through_the_triton_copy_kernel_with_a_full_swap_space(reference):
               block_size=4, max_model_len=44, **{"cache.swap_space_gb": three_blocks})
     outs = llm.generate(prompts, SP, priority=priorities)
     assert [o.outputs[0].token_ids for o in outs] == reference
-    steps = llm.engine.step_stats
+    steps = llm.engine.recent_steps
     assert sum(s.swap_out_blocks for s in steps) > 0
     assert sum(s.num_swap_fallbacks for s in steps) > 0
     by = {}

@@ -44,7 +44,7 @@ def check_backend_parity(model_name: str, backend: str) -> None:
                   "attention.min_keys_per_split": 8} if name != "torch" else {})
         llm = LLM(model_name, attention=name, **extra, **KNOBS)
         runs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
-        steps = llm.engine.step_stats
+        steps = llm.engine.recent_steps
         assert sum(s.num_preempted for s in steps) > 0
         assert sum(s.prefix_cache_hits for s in steps) > 0
         assert any(s.num_decode_tokens == 0 and s.num_prefill_tokens == 16 for s in steps)

@@ -77,7 +77,7 @@ def run_script(loggers: list[StatLogger], run_dir, config=None) -> RunSummary:
         if engine.core.step_count == 2:
             engine.add_request(C, sp(2), request_id="C", arrival_time=engine.core.clock())
         engine.step()
-    summary = summarize(engine.step_stats, engine.request_stats, engine.core.clock(),
+    summary = summarize(engine.recent_steps, engine.recent_requests, engine.core.clock(),
                         SCRIPT_SLO)
     for lg in loggers:
         lg.close(summary)

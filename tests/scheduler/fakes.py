@@ -120,15 +120,21 @@ def expected_output(prompt: list[int], max_tokens: int) -> list[int]:
 
 
 def check_all_finished(sched: Scheduler, reqs, aborted: set[str], max_model_len: int) -> None:
-    """Run to completion, then: aborted requests are ABORTED, every other one has the fake
-    model's exact tokens (cut only by max_model_len), and every block is free."""
+    """Run to completion, then check_outcomes with the aborted requests ABORTED."""
     from lab.engine.request import RequestStatus
 
     run_to_completion(sched)
+    check_outcomes(sched, reqs, dict.fromkeys(aborted, RequestStatus.FINISHED_ABORTED),
+                   max_model_len)
+
+
+def check_outcomes(sched: Scheduler, reqs, ended: dict, max_model_len: int) -> None:
+    """Every request finished: those in `ended` (id -> status) with that status, every other one
+    with the fake model's exact tokens (cut only by max_model_len); every block is free."""
     for req in reqs:
         assert req.is_finished
-        if req.request_id in aborted:
-            assert req.status == RequestStatus.FINISHED_ABORTED
+        if req.request_id in ended:
+            assert req.status == ended[req.request_id]
             continue
         want = expected_output(req.prompt_token_ids, req.sampling_params.max_tokens)
         assert req.output_token_ids == want[: req.num_output_tokens]
