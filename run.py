@@ -26,7 +26,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from lab.engine.config import hydra_choices, run_config_yaml
-from lab.engine.knobs import validate_config
+from lab.engine.knobs import check_command_line, validate_config
 from lab.engine.llm_engine import LLMEngine
 from lab.engine.replay import replay
 from lab.metrics.jsonl import SUMMARY_FILE
@@ -73,4 +73,7 @@ def triton_interpreted() -> bool:
 
 
 if __name__ == "__main__":
+    refusal = check_command_line(sys.argv[1:])
+    if refusal is not None:
+        sys.exit(f"run.py: {refusal}")
     main()

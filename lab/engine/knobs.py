@@ -134,3 +134,17 @@ def _show(value: Any) -> str:
     if value is None or isinstance(value, bool):
         return {None: "null", True: "true", False: "false"}[value]
     return repr(value) if isinstance(value, str) else str(value)
+
+
+def check_command_line(args: list[str]) -> str | None:
+    """The refusal of the first plain `name=value` override whose top-level name is neither a
+    config group nor a knob of conf/config.yaml, or None. Run before Hydra parses the command
+    line: Hydra's own error for it suggests `+name=value`, which adds a key nothing reads."""
+    known = set(declared_knobs())
+    for arg in args:
+        if arg.startswith(("-", "+", "~")) or "=" not in arg:
+            continue
+        top = arg.split("=", 1)[0].split("@", 1)[0].split(".", 1)[0]
+        if top not in known and top not in GROUPS and top != "hydra":
+            return unknown_setting_message(top, sorted(known))
+    return None

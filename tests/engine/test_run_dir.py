@@ -53,3 +53,24 @@ def test_a_failure_midway_is_marked_with_its_stage(tmp_path):
             raise RuntimeError("boom")
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary == {"status": "failed", "stage": "run", "error": "RuntimeError: boom"}
+
+
+def test_a_plain_unknown_override_is_refused_with_the_knobs(tmp_path):
+    """`not_a_knob=1` (no +) is refused by run.py itself: Hydra's own error suggested
+    `+not_a_knob=1`, a key nothing reads."""
+    proc = _run(tmp_path, "not_a_knob=1")
+    assert proc.returncode != 0
+    assert "unknown setting 'not_a_knob'" in proc.stderr and "max_num_seqs" in proc.stderr
+    assert "+not_a_knob" not in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "refused"), [
+    (["not_a_knob=1"], "not_a_knob"), (["-m", "block_size=8,16", "bogus.x=2"], "bogus"),
+    (["scheduler=priority", "slo.ttft_s=1", "hydra.run.dir=x", "+new=1", "logger=[jsonl]"], None),
+    (["model.path=/x", "workload.num_requests=3", "max_num_seqs=4"], None),
+])
+def test_command_line_check(args, refused):
+    from lab.engine.knobs import check_command_line
+
+    message = check_command_line(args)
+    assert (message is None) if refused is None else f"unknown setting {refused!r}" in message
