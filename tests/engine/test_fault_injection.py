@@ -13,6 +13,8 @@ block is free.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from hydra.utils import instantiate
 from hypothesis import given, settings
@@ -27,6 +29,13 @@ from tests.options import CONF_DIR, options
 from tests.scheduler.fakes import check_outcomes, fake_execute, make_request, make_scheduler
 
 MAX_LEN, BLOCK = 32, 4
+TALLY: Counter[str] = Counter()  # over the module's examples; printed with -s
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report():
+    yield
+    print(f"\nfault injection: {dict(TALLY)}")
 PAIRS = [(q, p) for q in options("scheduler") for p in options("preemption")]
 
 
@@ -122,6 +131,8 @@ def test_faults_fail_exactly_their_step(queue, preemption, requests, faults, swa
     lost = set().union(*failed)  # only the requests of failing steps
     check_outcomes(s, reqs, dict.fromkeys(lost, RequestStatus.FINISHED_ERROR), MAX_LEN)
     assert not s.requests
+    TALLY.update(examples=1, faults=len(failed), failed_requests=len(lost),
+                 exact_requests=len(reqs) - len(lost), leaked_blocks=s.kv.num_used_blocks)
 
 
 def _check_prefix_cache(s, reqs) -> None:
