@@ -1,9 +1,18 @@
-"""Shared test set-up: hypothesis profiles and the `gpu` marker's skip."""
+"""Shared test set-up: one CPU thread per process, hypothesis profiles, the `gpu` marker's skip."""
 
 import os
 
-import pytest
-from hypothesis import HealthCheck, settings
+# The tests run tiny models and Triton's interpreter: intra-op threads buy nothing there, and on
+# a busy 2-core machine their spin-waiting doubled the suite's CPU time. Set before torch loads so
+# the OpenMP pool and every subprocess (run.py, the sm_90 compiles) inherit it; export
+# OMP_NUM_THREADS to override.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # `ci` (what scripts/test.sh runs) is sized to minutes on a 2-core CPU and derandomized, so a
 # landing never depends on the draw; `dev` (plain pytest) draws new examples every run; `deep` is
@@ -21,8 +30,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 
 def pytest_collection_modifyitems(config, items):
-    import torch
-
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
