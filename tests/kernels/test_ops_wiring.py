@@ -18,6 +18,7 @@ from lab.layers.ops import LayerOps, TorchOps, TritonOps, auto_ops
 from lab.layers.rotary import RotaryEmbedding
 from lab.models.loader import load_model
 from lab.models.tiny import ensure_tiny_model
+from tests.kernels.sm90 import compile_for_sm90
 from tests.models.conftest import DenseCausalBackend, run_model
 from tests.options import options
 
@@ -102,8 +103,6 @@ def test_interpreter_switch_survives_an_earlier_triton_import():
 
 
 _SM90_COMPILE = """
-import os, re
-os.environ["TRITON_INTERPRET"] = "0"
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -140,8 +139,4 @@ print("ok")
 def test_kernels_compile_for_h200():
     """Compile (not interpret) the three kernels for sm_90 with the wheel's ptxas: compiled-mode
     errors and lost 128-bit vectorisation show up on a CPU-only host too."""
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-c", _SM90_COMPILE], env=env, cwd=root,
-                          capture_output=True, text=True)
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+    compile_for_sm90(_SM90_COMPILE)
