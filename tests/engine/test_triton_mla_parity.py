@@ -3,7 +3,7 @@ attention=torch and of transformers, for tiny DeepSeek-V2 (with q_lora), V2-Lite
 in one run that forces chunked prefill (a 16-token budget: mixed prefill + decode steps go
 through both paths), prefix-cache hits (shared prefixes) and preemption (a tiny cache), with
 decode splits forced so the LSE merge runs. `kernels=triton` also puts norms, rotary and the
-fused MoE through Triton."""
+fused MoE through Triton (on the first model)."""
 
 import pytest
 import torch
@@ -17,7 +17,10 @@ MODELS = tiny_models("mla")
 
 @pytest.mark.parametrize("model_name", MODELS)
 def test_triton_mla_matches_torch_and_transformers(model_name):
-    check_backend_parity(model_name, "triton_mla")
+    """kernels=triton on the first model only: the interpreter runs every op, and the Triton
+    norms, rotary and fused MoE keep transformers' logits on V2 and V3 in
+    tests/models/test_deepseek.py::test_triton_ops_match_transformers."""
+    check_backend_parity(model_name, "triton_mla", "triton" if model_name == MODELS[0] else "torch")
 
 
 def test_backends_refuse_the_other_kind_naming_the_alternative():

@@ -108,12 +108,13 @@ def test_deepseek_engine_with_8bit_experts():
         LLM("tiny_deepseek", quant="int8", num_gpu_blocks=64, kernels="torch",
             **{"quant.experts": "refuse"})
     runs = {}
+    short = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)  # interpreter: 4 steps
     for kernels, experts in (("torch", "quantize"), ("triton", "quantize"), ("torch", "dense")):
         llm = LLM("tiny_deepseek", quant="int8", num_gpu_blocks=64, kernels=kernels,
                   **{"quant.experts": experts})
-        runs[kernels, experts] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], GREEDY)]
+        runs[kernels, experts] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], short)]
     assert runs["triton", "quantize"] == runs["torch", "quantize"]
-    assert all(len(ids) == 8 for ids in runs["torch", "dense"])
+    assert all(len(ids) == 4 for ids in runs["torch", "dense"])
 
 
 def test_run_py_with_quant(tmp_path):
