@@ -20,7 +20,8 @@ def test_triton_mla_matches_torch_and_transformers(model_name):
     """kernels=triton on the first model only: the interpreter runs every op, and the Triton
     norms, rotary and fused MoE keep transformers' logits on V2 and V3 in
     tests/models/test_deepseek.py::test_triton_ops_match_transformers."""
-    check_backend_parity(model_name, "triton_mla", "triton" if model_name == MODELS[0] else "torch")
+    kernels = "triton" if model_name == MODELS[0] else "torch"
+    check_backend_parity(model_name, "triton_mla", kernels)
 
 
 def test_backends_refuse_the_other_kind_naming_the_alternative():

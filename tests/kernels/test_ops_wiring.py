@@ -20,7 +20,7 @@ from lab.models.loader import load_model
 from lab.models.tiny import ensure_tiny_model
 from tests.kernels.sm90 import compile_for_sm90
 from tests.models.conftest import DenseCausalBackend, run_model
-from tests.options import options
+from tests.options import options, tiny_models
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "kernels"
 IDS = [0, 17, 42, 99, 3, 250, 7, 7, 311, 64, 5, 128, 200, 9]
@@ -36,7 +36,7 @@ def _logits(path, ops: LayerOps, dtype=torch.float32) -> torch.Tensor:
     return run_model(model, IDS)
 
 
-@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3"])
+@pytest.mark.parametrize("name", tiny_models("gqa"))  # MLA presets: tests/models/test_deepseek.py
 def test_triton_ops_match_torch_ops(tiny, name):
     ref = _logits(tiny(name), TorchOps())
     torch.testing.assert_close(_logits(tiny(name), TritonOps()), ref, atol=1e-4, rtol=1e-4)
