@@ -38,15 +38,31 @@ def build(group: str, option: str, **knobs):
     return instantiate(OmegaConf.merge(OmegaConf.load(CONF_DIR / group / f"{option}.yaml"), knobs))
 
 
+def attention_kinds(option: str) -> tuple[str, ...]:
+    """The attention kinds ("mha", "gqa", "mla") an `attention` option's backend supports."""
+    from hydra.utils import get_class
+
+    return get_class(target("attention", option)).supported_kinds
+
+
+def model_for(attention: str) -> str:
+    """The first tiny preset whose attention kind the `attention` option supports."""
+    kinds = attention_kinds(attention)
+    return next(m for m in tiny_models() if model_kind(m) in kinds)
+
+
+def model_kind(name: str) -> str:
+    """A tiny preset's attention kind: "mla" (DeepSeek, kv_lora_rank) or "gqa"."""
+    from lab.models.tiny import preset
+
+    return "mla" if "kv_lora_rank" in preset(name) else "gqa"
+
+
 def tiny_models(kind: str | None = None) -> list[str]:
     """The `model` options that are embedded tiny presets: `tiny_*`. Left out: `hf` (needs
     model.path) and `bench_*` (benchmark widths: minutes per run in fp32 on a CPU, bf16 by
     default). kind: None (all), "mla" (kv_lora_rank: DeepSeek MLA) or "gqa" (the others)."""
-    from lab.models.tiny import preset
-
     names = [m for m in options("model") if m.startswith("tiny_")]
-    if kind is None:
-        return names
-    if kind not in ("mla", "gqa"):
+    if kind not in (None, "mla", "gqa"):
         raise ValueError(f"kind={kind!r}: expected 'mla', 'gqa' or None")
-    return [m for m in names if ("kv_lora_rank" in preset(m)) == (kind == "mla")]
+    return [m for m in names if kind is None or model_kind(m) == kind]

@@ -8,6 +8,8 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 
 from lab.engine.config import CONF_DIR, GROUPS, compose_config, set_knobs
+from lab.metrics.base import StatLogger
+from tests.options import options
 
 SINGLE = [g for g in GROUPS if g != "logger"]
 OPTIONS = [(g, p.stem) for g in SINGLE for p in sorted((CONF_DIR / g).glob("*.yaml"))]
@@ -42,9 +44,13 @@ def _package(group: str) -> str:
 
 
 def test_loggers_compose_together():
-    cfg = compose_config(["logger=[console,jsonl]"])
-    loggers = [instantiate(c) for c in cfg.logger.values()]
-    assert {type(x).__name__ for x in loggers} == {"ConsoleLogger", "JsonlLogger"}
+    """logger is the one multi-choice group: every option at once composes and instantiates."""
+    cfg = compose_config([f"logger=[{','.join(options('logger'))}]"])
+    loggers = {name: instantiate(node) for name, node in cfg.logger.items()}
+    assert sorted(loggers) == options("logger")
+    for name, logger in loggers.items():
+        assert isinstance(logger, StatLogger), name
+        assert type(logger).__module__.startswith("lab.metrics."), name
 
 
 def test_unknown_option_lists_choices():
