@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 scripts/install.sh test
 export LAB_CACHE_DIR=${LAB_CACHE_DIR:-$PWD/.cache/models}
 export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}  # derandomized: see tests/conftest.py
-exec "${PYTHON:-python3}" -m pytest tests -m "not slow" -q "$@"
+# --durations=15: the slowest 15 tests close the report (the README's Tests section has the budget)
+exec "${PYTHON:-python3}" -m pytest tests -m "not slow" -q --durations=15 "$@"
