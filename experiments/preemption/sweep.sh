@@ -13,7 +13,7 @@ dir="experiments/preemption/runs/$(date +%Y-%m-%d_%H-%M-%S)"
 python run.py -m \
   preemption=recompute,swap,reserve \
   num_gpu_blocks=24,32,48,64,128 block_size=16 \
-  workload.num_requests=300 workload.rate=40 \
+  workload.num_requests=300 workload.arrival=poisson workload.rate=40 \
   logger=[jsonl] \
   hydra.sweep.dir="$dir" \
   "$@"

@@ -12,7 +12,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 dir="experiments/priority/runs/$(date +%Y-%m-%d_%H-%M-%S)"
 python run.py -m \
   scheduler=fcfs,priority,sjf,fair \
-  workload.rate=20,40,60,80 \
+  workload.arrival=poisson workload.rate=20,40,60,80 \
   workload.num_requests=500 workload.num_priorities=3 workload.num_clients=3 \
   num_gpu_blocks=32 block_size=16 \
   logger=[jsonl] \

@@ -102,6 +102,9 @@ def validate_arrival(arrival: str, rate: float | None, burstiness: float) -> Non
     """Raise ValueError naming the field if the arrival process is ill-specified."""
     if arrival not in ARRIVALS:
         raise ValueError(f"arrival={arrival!r} must be one of {ARRIVALS}")
+    if arrival == "batch" and rate is not None:
+        raise ValueError(f"rate={rate!r} has no effect with arrival=batch (every request at t=0): "
+                         "set arrival=poisson or gamma to use a rate, or leave rate null")
     if arrival != "batch" and not (_is_num(rate) and rate > 0):
         raise ValueError(f"rate={rate!r} must be a number > 0 (requests/s) for arrival={arrival}")
     if not (_is_num(burstiness) and 0 < burstiness < math.inf):

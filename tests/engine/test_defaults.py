@@ -21,14 +21,14 @@ DESIGN_CARD = ["attention=triton_mla", "scheduler=priority", "preemption=swap", 
 @pytest.mark.parametrize(("overrides", "interpreted"), [([], False), (DESIGN_CARD, True)],
                          ids=["default", "design-card"])
 def test_cpu_default_kv_cache_is_smaller_than_the_default_workload_wants(overrides, interpreted):
-    """Requests arrive faster than a CPU serves them (8/s against a few per second), so most of
-    the workload is in the engine at once: with 1.3x more blocks wanted than the cache has, it
-    must preempt; and the longest request still fits (none is rejected)."""
+    """Every request arrives at once and they want 1.3x more blocks than the cache has, so the
+    run must preempt; and the longest request still fits (none is rejected)."""
     cfg = compose_config([*overrides, "logger=[]", "device=cpu"])
     engine = LLMEngine(cfg)
     bs = cfg.block_size
     reqs = instantiate(cfg.workload).requests(engine.hf_config.vocab_size, engine.eos_token_id,
                                               interpreted=interpreted)
+    assert all(r.arrival_time == 0 for r in reqs)
     lengths = [len(r.prompt_token_ids) + r.sampling_params.max_tokens for r in reqs]
     wanted = sum(math.ceil(n / bs) for n in lengths)
     usable = engine.num_blocks - 1
@@ -51,3 +51,19 @@ def test_interpreter_runs_replay_fewer_requests_unless_told_how_many():
     assert len(default.requests(512, 2, interpreted=True)) == INTERPRETER_NUM_REQUESTS
     assert len(default.requests(512, 2)) == DEFAULT_NUM_REQUESTS > INTERPRETER_NUM_REQUESTS
     assert len(SyntheticWorkload(num_requests=40).requests(512, 2, interpreted=True)) == 40
+
+
+def test_the_default_run_preempts_and_priority_serves_priority_0_first():
+    """The default run, replayed for real (attention=torch): it preempts, and under
+    scheduler=priority the median TTFT grows with the priority value."""
+    from lab.engine.replay import replay
+
+    ttft = {}
+    for scheduler in ("fcfs", "priority"):
+        cfg = compose_config([f"scheduler={scheduler}", "logger=[]", "device=cpu"])
+        engine = LLMEngine(cfg)
+        summary = replay(engine, instantiate(cfg.workload).requests(
+            engine.hf_config.vocab_size, engine.eos_token_id))
+        assert summary.num_preemptions > 0 and summary.num_requests == DEFAULT_NUM_REQUESTS
+        ttft[scheduler] = [summary.ttft_by_priority[p]["p50"] for p in ("0", "1", "2")]
+    assert ttft["priority"] == sorted(ttft["priority"]) and ttft["priority"][0] < ttft["fcfs"][0]

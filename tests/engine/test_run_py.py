@@ -42,7 +42,8 @@ def test_run_py_design_card_command_on_the_embedded_deepseek(tmp_path):
     # Short requests (Triton's interpreter runs every step) and a cache that holds ~2 of them.
     cmd = [sys.executable, "run.py", "attention=triton_mla", "scheduler=priority",
            "preemption=swap", "quant=fp8", "workload.num_requests=8", "workload.num_priorities=2",
-           "workload.rate=100", "workload.prompt_len={dist: uniform, min: 12, max: 40}",
+           "workload.arrival=poisson", "workload.rate=100",
+           "workload.prompt_len={dist: uniform, min: 12, max: 40}",
            "workload.output_len={dist: uniform, min: 4, max: 12}", "workload.prefix_len=8",
            "num_gpu_blocks=24", "block_size=4", "logger=[jsonl]", f"hydra.run.dir={tmp_path}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -118,6 +118,7 @@ def test_priorities_and_clients():
     (dict(output_len="long"), "output_len"),
     (dict(arrival="uniform"), "arrival"),
     (dict(arrival="poisson"), "rate"),
+    (dict(arrival="batch", rate=4.0), "rate=4.0 has no effect with arrival=batch"),
     (dict(arrival="gamma", rate=1.0, burstiness=0), "burstiness"),
     (dict(num_prefix_groups=-1), "num_prefix_groups"),
     (dict(num_prefix_groups=2, prefix_len=0), "prefix_len"),
