@@ -82,26 +82,24 @@ class LLM:
         with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
             try:
                 while len(done) < len(ids):
-                    self._check_owed(mine - set(done))
                     finished = [o for o in self.engine.step() if o.finished]
                     self.engine.defer_outputs([o for o in finished if o.request_id not in mine])
                     for out in (o for o in finished if o.request_id in mine):
                         done[out.request_id] = out
                         bar.update(1)
+                    self._check_owed(len(done) < len(ids))
             except BaseException:
                 self.engine.abort_request([i for i in ids if i not in done])
                 self.engine.take_outputs(mine)
                 raise
         return [done[i] for i in ids]
 
-    def _check_owed(self, missing: set[str]) -> None:
-        """Refuse to spin when the engine holds none of the requests still owed an output."""
-        if missing & set(self.engine.scheduler.requests):
-            return
-        if any(o.request_id in missing for o in self.engine.peek_outputs()):
-            return
-        raise RuntimeError(f"requests {sorted(missing)} left the engine without a final output "
-                           "(aborted behind the engine's back?)")
+    def _check_owed(self, owed: bool) -> None:
+        """Refuse to spin: step() reports every unreported final output at once, so when outputs
+        are still owed and the core holds no request, none can come any more."""
+        if owed and not self.engine.core.has_unfinished_requests():
+            raise RuntimeError("requests of this call left the engine without a final output "
+                               "(aborted behind the engine's back?)")
 
 
 def _model_option(model: str) -> str:

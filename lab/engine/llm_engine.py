@@ -96,43 +96,48 @@ class LLMEngine:
     def add_requests(self, specs: Sequence[RequestSpec], label: str = "requests") -> list[Request]:
         """Validate every request, then queue them all: all or nothing. An error names the
         request it refuses as `label[index]`."""
-        taken = set(self.scheduler.requests) | {o.request_id for o in self._pending}
+        batch: set[str] = set()  # ids this batch takes (not yet in the scheduler)
         reqs = []
         for i, spec in enumerate(specs):
             try:
-                reqs.append(self._make_request(spec, taken))
+                reqs.append(self._make_request(spec, batch))
             except (ValueError, TypeError) as e:
                 if len(specs) == 1:
                     raise
                 raise type(e)(f"{label}[{i}]: {e}") from None
-            taken.add(reqs[-1].request_id)
+            batch.add(reqs[-1].request_id)
         for req, spec in zip(reqs, specs):
             self._prompts[req.request_id] = spec.prompt if isinstance(spec.prompt, str) else None
             self.core.add_request(req)
         return reqs
 
-    def _make_request(self, spec: RequestSpec, taken: set[str]) -> Request:
+    def _make_request(self, spec: RequestSpec, batch: set[str]) -> Request:
         ids = self.tokenizer.encode(spec.prompt) if isinstance(spec.prompt, str) else spec.prompt
         ids = self._validate_prompt(ids)
         params = SamplingParams() if spec.params is None else as_sampling_params(spec.params)
         validate_metadata(spec.priority, spec.client_id)
         rid = spec.request_id
         if rid is None:
-            rid = self._fresh_id(taken)
+            rid = self._fresh_id(batch)
         elif not isinstance(rid, str):
             raise TypeError(f"request_id={rid!r} must be a string")
-        elif rid in taken:
+        elif self._in_use(rid, batch):
             raise ValueError(f"request_id {rid!r} is already in use")
         arrival = time.perf_counter() if spec.arrival_time is None else spec.arrival_time
         return Request(rid, ids, params, self.eos_token_id, arrival, priority=spec.priority,
                        client_id=spec.client_id, block_hasher=self.block_hasher)
 
-    def _fresh_id(self, taken: set[str]) -> str:
+    def _fresh_id(self, batch: set[str]) -> str:
         """The next counter value no live request uses (a user may have taken "3")."""
         rid = str(next(self._ids))
-        while rid in taken:
+        while self._in_use(rid, batch):
             rid = str(next(self._ids))
         return rid
+
+    def _in_use(self, rid: str, batch: set[str]) -> bool:
+        """Whether a live request, an unreported output or this batch holds `rid`."""
+        return (rid in batch or rid in self.scheduler.requests
+                or any(o.request_id == rid for o in self._pending))
 
     def _validate_prompt(self, ids: object) -> list[int]:
         vocab = self.hf_config.vocab_size
@@ -167,10 +172,6 @@ class LLMEngine:
         mine = [o for o in self._pending if o.request_id in request_ids]
         self._pending = [o for o in self._pending if o.request_id not in request_ids]
         return mine
-
-    def peek_outputs(self) -> list[RequestOutput]:
-        """The final outputs the next step() will report first (not removed)."""
-        return list(self._pending)
 
     def defer_outputs(self, outputs: list[RequestOutput]) -> None:
         """Hand final outputs back so that the next step() reports them (to their owner)."""
