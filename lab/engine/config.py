@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +19,24 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
         return compose(config_name="config", overrides=list(overrides or []))
 
 
-def engine_knobs(cfg: DictConfig) -> list[str]:
-    """The top-level scalar settings of config.yaml (everything that is not a group)."""
-    return [k for k in cfg if k not in GROUPS and k != "hydra"]
+@cache
+def declared_knobs() -> dict[str, Any]:
+    """The knobs conf/config.yaml declares (top-level keys that are not groups), with their
+    defaults as plain values. Only these are knobs: a `+key` added by an override is not."""
+    raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"), resolve=False)
+    return {k: v for k, v in raw.items() if k not in ("defaults", "hydra", *GROUPS)}
+
+
+def is_known_setting(key: str) -> bool:
+    """Whether a top-level key is a config group, `hydra`, or a declared knob."""
+    return key in GROUPS or key == "hydra" or key in declared_knobs()
 
 
 def set_knobs(cfg: DictConfig, knobs: dict[str, object]) -> DictConfig:
     """Set engine knobs (or dotted paths such as model.path) by name, refusing unknown names."""
-    known = engine_knobs(cfg)
     for key, value in knobs.items():
-        if "." not in key and key not in known:
-            raise ValueError(unknown_setting_message(key, known))
+        if not is_known_setting(key.split(".", 1)[0]) or key in GROUPS:
+            raise ValueError(unknown_setting_message(key, list(declared_knobs())))
         with open_dict(cfg):
             OmegaConf.update(cfg, key, value, merge=False)
     return cfg
@@ -47,7 +55,11 @@ def hydra_choices() -> dict[str, str]:
 
     if not HydraConfig.initialized():
         return {}
-    choices = HydraConfig.get().runtime.choices
+    return group_choices(HydraConfig.get().runtime.choices)
+
+
+def group_choices(choices: Any) -> dict[str, str]:
+    """{group: option} from Hydra's runtime choices, without Hydra's own groups and unset ones."""
     return {k: str(v) for k, v in choices.items() if not k.startswith("hydra/") and v is not None}
 
 

@@ -17,13 +17,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from lab.engine.config import CONF_DIR, GROUPS, unknown_setting_message
+from lab.engine.config import (
+    declared_knobs,
+    is_known_setting,
+    unknown_setting_message,
+)
 from lab.models.loader import DTYPES
 
 
@@ -109,24 +112,14 @@ def check_known_keys(cfg: DictConfig) -> None:
     (slo) is one conf/config.yaml has."""
     declared = declared_knobs()
     for key in cfg:
-        if key in GROUPS or key == "hydra":
-            continue
-        if key not in declared:
+        if not is_known_setting(key):
             raise ValueError(unknown_setting_message(key, list(declared))
                              + " (a +key=value override adds a key that nothing reads)")
-        if isinstance(declared[key], dict):
+        if isinstance(declared.get(key), dict):
             extra = sorted(set(cfg[key] or {}) - set(declared[key]))
             if extra:
                 raise ValueError(f"unknown setting '{key}.{extra[0]}': the keys of {key} are "
                                  f"{', '.join(declared[key])}")
-
-
-@cache
-def declared_knobs() -> dict[str, Any]:
-    """The knobs conf/config.yaml declares (top-level keys that are not groups), with their
-    defaults as plain values."""
-    raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"), resolve=False)
-    return {k: v for k, v in raw.items() if k not in ("defaults", "hydra", *GROUPS)}
 
 
 def _show(value: Any) -> str:
@@ -140,11 +133,10 @@ def check_command_line(args: list[str]) -> str | None:
     """The refusal of the first plain `name=value` override whose top-level name is neither a
     config group nor a knob of conf/config.yaml, or None. Run before Hydra parses the command
     line: Hydra's own error for it suggests `+name=value`, which adds a key nothing reads."""
-    known = set(declared_knobs())
     for arg in args:
         if arg.startswith(("-", "+", "~")) or "=" not in arg:
             continue
         top = arg.split("=", 1)[0].split("@", 1)[0].split(".", 1)[0]
-        if top not in known and top not in GROUPS and top != "hydra":
-            return unknown_setting_message(top, sorted(known))
+        if not is_known_setting(top):
+            return unknown_setting_message(top, list(declared_knobs()))
     return None

@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from lab.engine.config import group_choices
+
 REQUIRED = ("steps.jsonl", "requests.jsonl", "summary.json")
 
 
@@ -67,8 +69,7 @@ def load_run(path: Path) -> RunData:
     if hydra_file.is_file():
         choices = (yaml.safe_load(hydra_file.read_text()) or {}).get("hydra", {}) \
             .get("runtime", {}).get("choices", {}) or {}
-        run.choices.update({k: str(v) for k, v in choices.items()
-                            if not k.startswith("hydra/") and v is not None})
+        run.choices.update(group_choices(choices))
     return run
 
 
