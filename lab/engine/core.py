@@ -113,6 +113,10 @@ class EngineCore:
             num_swap_fallbacks=s.events.num_swap_fallbacks,
             num_finished=sum(r.is_finished for r in updated),
             num_generated_tokens=len(updated),
+            num_prefill_reqs=sched.shape.num_prefill_reqs,
+            num_decode_reqs=sched.shape.num_decode_reqs,
+            prefill_attention_pairs=sched.shape.prefill_attention_pairs,
+            decode_context_tokens=sched.shape.decode_context_tokens,
             schedule_time=t_sched,
             execute_time=t_exec,
         )

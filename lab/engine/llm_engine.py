@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
-import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +21,8 @@ from lab.metrics.stats import RequestStats, StepStats
 from lab.models.tokenizer import load_tokenizer
 from lab.sampling.params import SamplingParams, as_sampling_params
 from lab.scheduler.scheduler import Scheduler, SchedulerConfig
-from lab.worker.worker import CacheSizing, Worker
+from lab.worker.config import WorkerConfig
+from lab.worker.worker import CacheSizing
 
 log = logging.getLogger(__name__)
 
@@ -36,26 +35,21 @@ class LLMEngine:
     ) -> None:
         validate_config(cfg)  # every knob named with its allowed values before anything is built
         self.cfg = cfg
-        self.model_path = instantiate(cfg.model).path()
-        attn_backend = instantiate(cfg.attention)
-        worker_factory = functools.partial(
-            Worker, self.model_path, attn_backend, instantiate(cfg.kernels), cfg.device,
-            cfg.dtype, cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.seed,
-            quant=instantiate(cfg.quant), kv_cache_dtype=cfg.cache.get("dtype", "auto"))
-        self.executor = instantiate(cfg.executor)(worker_factory=worker_factory)
-        worker = self.executor.worker
-        self.hf_config = worker.hf_config
-        self.weight_bytes = worker.weight_bytes  # parameters after quantization
+        self.executor = instantiate(cfg.executor)(config=worker_config(cfg))
+        self.clock = self.executor.clock  # one clock for engine, core and scheduler
+        info = self.model_info = self.executor.model_info()
+        self.hf_config = info.hf_config
+        self.weight_bytes = info.weight_bytes  # parameters after quantization
         self.num_blocks = self.executor.determine_num_blocks(CacheSizing(
             cfg.num_gpu_blocks, cfg.gpu_memory_utilization, cfg.cpu_kv_cache_gb))
         self.max_model_len = resolve_max_model_len(
             cfg.max_model_len, self.hf_config, self.num_blocks, cfg.block_size)
-        self.kv_bytes_per_token = worker.bytes_per_block // cfg.block_size
-        scheduler = self._build_scheduler(cfg, worker.bytes_per_block)
+        self.kv_bytes_per_token = info.bytes_per_block // cfg.block_size
+        scheduler = self._build_scheduler(cfg, info.bytes_per_block)
         self.executor.initialize_cache(
             self.num_blocks, self.max_model_len, num_swap_blocks(scheduler))
-        self.core = EngineCore(scheduler, self.executor)
-        self.tokenizer = load_tokenizer(self.model_path)
+        self.core = EngineCore(scheduler, self.executor, clock=self.clock.now)
+        self.tokenizer = load_tokenizer(info.tokenizer_path) if info.tokenizer_path else None
         self.block_hasher = make_block_hasher(cfg.block_size)
         self.loggers = list(loggers or [])
         # the latest records only: a long-lived engine must not grow; loggers keep the full trace
@@ -71,7 +65,8 @@ class LLMEngine:
         config = SchedulerConfig(
             cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len,
             cfg.long_prefill_token_threshold)
-        return Scheduler(config, kv, instantiate(cfg.scheduler), instantiate(cfg.preemption))
+        return Scheduler(config, kv, instantiate(cfg.scheduler), instantiate(cfg.preemption),
+                         clock=self.clock.now)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -79,8 +74,7 @@ class LLMEngine:
 
     @property
     def eos_token_id(self) -> int | None:
-        eos = getattr(self.hf_config, "eos_token_id", None)
-        return eos[0] if isinstance(eos, list) else eos
+        return self.model_info.eos_token_id
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(
@@ -112,7 +106,7 @@ class LLMEngine:
         return reqs
 
     def _make_request(self, spec: RequestSpec, batch: set[str]) -> Request:
-        ids = self.tokenizer.encode(spec.prompt) if isinstance(spec.prompt, str) else spec.prompt
+        ids = self._encode(spec.prompt) if isinstance(spec.prompt, str) else spec.prompt
         ids = self._validate_prompt(ids)
         params = SamplingParams() if spec.params is None else as_sampling_params(spec.params)
         validate_metadata(spec.priority, spec.client_id)
@@ -123,9 +117,15 @@ class LLMEngine:
             raise TypeError(f"request_id={rid!r} must be a string")
         elif self._in_use(rid, batch):
             raise ValueError(f"request_id {rid!r} is already in use")
-        arrival = time.perf_counter() if spec.arrival_time is None else spec.arrival_time
+        arrival = self.clock.now() if spec.arrival_time is None else spec.arrival_time
         return Request(rid, ids, params, self.eos_token_id, arrival, priority=spec.priority,
                        client_id=spec.client_id, block_hasher=self.block_hasher)
+
+    def _encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this engine's model has no tokenizer (a config-only model under "
+                             "executor=sim): give prompts as lists of token ids")
+        return self.tokenizer.encode(prompt)
 
     def _fresh_id(self, batch: set[str]) -> str:
         """The next counter value no live request uses (a user may have taken "3")."""
@@ -140,7 +140,7 @@ class LLMEngine:
                 or any(o.request_id == rid for o in self._pending))
 
     def _validate_prompt(self, ids: object) -> list[int]:
-        vocab = self.hf_config.vocab_size
+        vocab = self.model_info.vocab_size
         if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
             raise TypeError(f"a prompt must be a string or a list of token ids, not "
                             f"{type(ids).__name__}")
@@ -213,11 +213,27 @@ class LLMEngine:
     def _output(self, req: Request) -> RequestOutput:
         done = req.is_finished
         skip = req.sampling_params.skip_special_tokens
-        text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=skip) if done else ""
+        text = self._decode(req.output_token_ids, skip) if done else ""
         completion = CompletionOutput(0, text, list(req.output_token_ids), req.finish_reason,
                                       req.stop_reason)
         return RequestOutput(req.request_id, self._prompts.get(req.request_id),
                              req.prompt_token_ids, [completion], finished=done)
+
+
+    def _decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+
+def worker_config(cfg: DictConfig) -> WorkerConfig:
+    """The worker's half of a composed engine config."""
+    return WorkerConfig(
+        model_path=instantiate(cfg.model).path(), attention=instantiate(cfg.attention),
+        kernels=instantiate(cfg.kernels), quant=instantiate(cfg.quant), device=cfg.device,
+        dtype=cfg.dtype, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed,
+        kv_cache_dtype=cfg.cache.get("dtype", "auto"))
 
 
 @dataclass(frozen=True)

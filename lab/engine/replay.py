@@ -1,9 +1,9 @@
-"""Replaying a workload through the engine in real time (arrivals at their offsets)."""
+"""Replaying a workload through the engine on its clock (arrivals at their offsets): real time,
+or the simulator's virtual time under `executor=sim`."""
 
 from __future__ import annotations
 
 import logging
-import time
 
 from lab.engine.llm_engine import LLMEngine
 from lab.metrics.memory import InMemoryLogger
@@ -39,19 +39,20 @@ def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
 
 def _replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> tuple[float, int]:
     """Submit at arrival times and step until done: (wall seconds, requests rejected)."""
+    clock = engine.clock  # wall time, or the simulator's virtual time
     pending = sorted(requests, key=lambda r: r.arrival_time)
-    start = time.perf_counter()
+    start = clock.now()
     i, rejected = 0, 0
     while i < len(pending) or engine.has_unfinished_requests():
-        now = time.perf_counter() - start
+        now = clock.now() - start
         while i < len(pending) and pending[i].arrival_time <= now:
             rejected += _submit(engine, pending[i], start)
             i += 1
         if engine.has_unfinished_requests():
             engine.step()
         elif i < len(pending):
-            time.sleep(max(0.0, pending[i].arrival_time - (time.perf_counter() - start)))
-    return time.perf_counter() - start, rejected
+            clock.sleep(pending[i].arrival_time - (clock.now() - start))
+    return clock.now() - start, rejected
 
 
 def _submit(engine: LLMEngine, wr: WorkloadRequest, start: float) -> int:

@@ -1,18 +1,46 @@
-"""Executor: how the engine reaches its worker(s). Base class of the `executor` group."""
+"""Executor: how the engine reaches its worker(s). Base class of the `executor` group.
+
+The engine builds an executor from a `WorkerConfig` (`instantiate(cfg.executor)(config=...)`)
+and learns what it needs about the model only through `model_info()`; it never touches a worker.
+The executor also owns the engine's clock: wall time for real executors, a virtual clock that
+the simulator advances by each step's predicted duration.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
-from lab.worker.worker import CacheSizing, Worker
+from lab.clock import Clock
+
+if TYPE_CHECKING:
+    from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
+    from lab.worker.worker import CacheSizing
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the engine needs to know about the model its executor runs."""
+
+    hf_config: Any  # transformers PretrainedConfig
+    vocab_size: int
+    eos_token_id: int | None
+    bytes_per_block: int  # KV bytes of one block over all layers (in the cache's dtype)
+    weight_bytes: int  # parameters after quantization
+    tokenizer_path: Path | None  # a directory with the tokenizer; None: token ids only
 
 
 class Executor(ABC):
     """Runs the worker(s): sizing the cache, allocating it, executing steps."""
 
-    #: the worker that holds the model (rank 0 where there are several)
-    worker: Worker
+    #: the engine's clock (see lab/clock.py); the simulator replaces it with a VirtualClock
+    clock: Clock = Clock()
+
+    @abstractmethod
+    def model_info(self) -> ModelInfo:
+        """The model's config, vocabulary, EOS, KV bytes per block and weight bytes."""
 
     @abstractmethod
     def determine_num_blocks(self, sizing: CacheSizing) -> int:

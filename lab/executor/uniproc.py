@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from lab.executor.base import Executor
+from lab.executor.base import Executor, ModelInfo
 from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from lab.worker.config import WorkerConfig
 from lab.worker.worker import CacheSizing, Worker
 
 
 class UniprocExecutor(Executor):
     """Calls a single in-process Worker directly."""
 
-    def __init__(self, worker_factory: Callable[[], Worker]) -> None:
-        self.worker = worker_factory()
+    def __init__(self, config: WorkerConfig) -> None:
+        self.worker = Worker(config)
+
+    def model_info(self) -> ModelInfo:
+        return self.worker.model_info()
 
     def determine_num_blocks(self, sizing: CacheSizing) -> int:
         return self.worker.determine_num_blocks(sizing)

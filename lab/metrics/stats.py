@@ -47,6 +47,11 @@ class StepStats:
     num_swap_fallbacks: int = 0  # swap victims recomputed because the swap space was full
     num_finished: int = 0
     num_generated_tokens: int = 0  # tokens sampled this step
+    # the step's shape (lab.scheduler.output.StepShape): what step-time models fit and predict
+    num_prefill_reqs: int = 0  # prefill chunks (prompt or recomputed tokens)
+    num_decode_reqs: int = 0  # requests computing their one last token
+    prefill_attention_pairs: int = 0  # causal query-key pairs of the prefill chunks
+    decode_context_tokens: int = 0  # keys the decodes read
     schedule_time: float = 0.0
     execute_time: float = 0.0
 

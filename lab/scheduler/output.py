@@ -31,6 +31,49 @@ class CachedRequestData:
     resumed_from_preemption: bool = False
 
 
+@dataclass(frozen=True)
+class StepShape:
+    """What a step asks of the device, in model-independent counts: what step-time models
+    (lab/sim) predict from and what steps.jsonl records, so a profile fitted on real steps
+    applies to simulated ones.
+
+    A request of the step is a *decode* when it computes exactly one token, its last
+    (q = 1 new token after c computed ones, c + 1 = its length); every other request is a
+    *prefill* chunk (a prompt chunk, or tokens recomputed after a preemption). For a prefill
+    chunk of q tokens after c computed ones, causal attention scores q*c + q*(q+1)/2
+    query-key pairs; a decode reads c + 1 keys.
+
+        num_tokens = prefill tokens + num_decode_reqs
+    """
+
+    num_tokens: int = 0
+    num_prefill_reqs: int = 0
+    num_decode_reqs: int = 0
+    prefill_attention_pairs: int = 0  # sum over prefill chunks of q*c + q*(q+1)/2
+    decode_context_tokens: int = 0  # sum over decodes of c + 1 (keys read)
+    swap_in_blocks: int = 0
+    swap_out_blocks: int = 0
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_tokens - self.num_decode_reqs
+
+    @staticmethod
+    def of(chunks: list[tuple[int, int, int]], swap_in: int = 0, swap_out: int = 0) -> StepShape:
+        """The shape of a step from (new tokens q, computed before c, request length) per
+        request."""
+        prefill_reqs = decodes = pairs = context = total = 0
+        for q, c, length in chunks:
+            total += q
+            if q == 1 and c + 1 == length:
+                decodes += 1
+                context += c + 1
+            else:
+                prefill_reqs += 1
+                pairs += q * c + q * (q + 1) // 2
+        return StepShape(total, prefill_reqs, decodes, pairs, context, swap_in, swap_out)
+
+
 @dataclass
 class SchedulerOutput:
     """One step's schedule. num_computed_tokens above are the values *before* this step."""
@@ -45,6 +88,7 @@ class SchedulerOutput:
     # swap-in. swap_out: (device block, cpu block); swap_in: (cpu block, device block).
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    shape: StepShape = field(default_factory=StepShape)  # for step-time models and statistics
 
     @property
     def is_empty(self) -> bool:

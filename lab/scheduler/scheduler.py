@@ -19,6 +19,7 @@ from lab.scheduler.output import (
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
+    StepShape,
 )
 from lab.scheduler.preemption import PreemptionStrategy
 from lab.scheduler.queues import RequestQueue
@@ -291,6 +292,7 @@ class Scheduler(StepRecovery):
         self.events.swap_in_blocks = len(swaps.swap_in)
         self.events.num_swap_fallbacks = swaps.num_refused
         new_ids = {r.request_id for r in plan.new_reqs}
+        chunks = []  # (new tokens, computed before, length) per scheduled request
         for req in self.running:
             rid = req.request_id
             if rid not in plan.num_tokens:
@@ -304,7 +306,9 @@ class Scheduler(StepRecovery):
                 out.scheduled_cached_reqs.append(CachedRequestData(
                     rid, plan.new_blocks[rid], req.num_computed_tokens,
                     resumed_from_preemption=rid in plan.resumed))
+            chunks.append((plan.num_tokens[rid], req.num_computed_tokens, req.num_tokens))
             req.num_computed_tokens += plan.num_tokens[rid]  # the next chunk can go next step
+        out.shape = StepShape.of(chunks, len(swaps.swap_in), len(swaps.swap_out))
         self._check_invariants(out)
         self.finished_req_ids = set()  # last: a schedule() that raises keeps them for the next
         return out

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import torch
 
-from lab.attention.base import AttentionBackend, KVCacheSpec, kv_cache_torch_dtype
+from lab.attention.base import KVCacheSpec, kv_cache_torch_dtype
+from lab.executor.base import ModelInfo
 from lab.layers.ops import LayerOps
 from lab.models.loader import load_model, resolve_dtype
-from lab.quant.base import QuantConfig, weight_bytes
+from lab.quant.base import weight_bytes
 from lab.sampling.params import SamplingParams
 from lab.scheduler.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from lab.worker.config import WorkerConfig
 from lab.worker.model_runner import ModelRunner
 from lab.worker.swap import BlockSwapper
 
@@ -67,25 +69,22 @@ def check_cuda_device(device: str, index: int | None) -> None:
 class Worker:
     """Loads the model on its device and runs steps through its ModelRunner."""
 
-    def __init__(
-        self, model_path: Path, attn_backend: AttentionBackend, ops: LayerOps, device: str,
-        dtype: str, block_size: int, max_num_seqs: int, max_num_batched_tokens: int, seed: int,
-        quant: QuantConfig | None = None, kv_cache_dtype: str = "auto",
-    ) -> None:
-        self.device = resolve_device(device)
-        self.kv_cache_dtype = kv_cache_dtype  # cache.dtype: auto (the model's) | fp8
-        torch.manual_seed(seed)
-        self.attn_backend = attn_backend
-        self.block_size = block_size
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.kv_cache_dtype = config.kv_cache_dtype  # cache.dtype: auto (the model's) | fp8
+        torch.manual_seed(config.seed)
+        self.attn_backend = config.attention
+        self.block_size = config.block_size
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
         self.hf_config = None
         self.dtype = None
         self.model = None
-        self.ops = ops
-        self.quant = quant
+        self.ops = config.kernels
+        self.quant = config.quant
         self.weight_bytes = 0
-        self._load(model_path, dtype, ops)
+        self._load(config.model_path, config.dtype, config.kernels)
         self.runner: ModelRunner | None = None
 
     def _load(self, model_path: Path, dtype: str, ops: LayerOps) -> None:
@@ -99,6 +98,14 @@ class Worker:
         log.info("model weights: %.2f MiB (quant=%s)", self.weight_bytes / 2**20,
                  getattr(self.quant, "name", "none"))
         self.attn_backend.check_supported(self.model.attention_spec)
+
+    def model_info(self) -> ModelInfo:
+        eos = getattr(self.hf_config, "eos_token_id", None)
+        return ModelInfo(
+            hf_config=self.hf_config, vocab_size=self.hf_config.vocab_size,
+            eos_token_id=eos[0] if isinstance(eos, list) else eos,
+            bytes_per_block=self.bytes_per_block, weight_bytes=self.weight_bytes,
+            tokenizer_path=Path(self.config.model_path))
 
     @property
     def kv_spec(self) -> KVCacheSpec:

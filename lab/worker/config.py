@@ -1,0 +1,28 @@
+"""WorkerConfig: everything a worker needs to load its model and run steps, built once by the
+engine from the composed config and handed to the executor (which builds its worker(s) from it).
+
+Plain data (no torch import), frozen: a worker cannot change what the engine decided.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """The worker's half of the engine config."""
+
+    model_path: Path
+    attention: Any  # AttentionBackend (conf/attention)
+    kernels: Any  # LayerOps (conf/kernels)
+    quant: Any = None  # QuantConfig (conf/quant); None = unquantized
+    device: str = "auto"
+    dtype: str = "auto"
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    seed: int = 0
+    kv_cache_dtype: str = "auto"  # cache.dtype: auto (the model's) | fp8
