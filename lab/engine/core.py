@@ -55,7 +55,7 @@ class EngineCore:
         t2 = self.clock()
         updated = self._guarded(lambda: self.scheduler.update_from_output(sched, result),
                                 self.scheduler.fail_all)
-        stats = self._make_stats(sched, updated, t1 - t0, t2 - t1)
+        stats = self._make_stats(sched, updated, t1 - t0, t2 - t1, self.clock() - t2)
         self.step_count += 1
         self._check_progress(sched)
         return updated, stats
@@ -85,7 +85,9 @@ class EngineCore:
         failed, self._failed = self._failed, []
         return failed
 
-    def _make_stats(self, sched, updated: list[Request], t_sched: float, t_exec: float) -> StepStats:
+    def _make_stats(
+        self, sched, updated: list[Request], t_sched: float, t_exec: float, t_update: float,
+    ) -> StepStats:
         s, kv = self.scheduler, self.scheduler.kv
         prefix = kv.take_prefix_cache_stats()
         return StepStats(
@@ -119,4 +121,5 @@ class EngineCore:
             decode_context_tokens=sched.shape.decode_context_tokens,
             schedule_time=t_sched,
             execute_time=t_exec,
+            update_time=t_update,
         )

@@ -54,6 +54,7 @@ class StepStats:
     decode_context_tokens: int = 0  # keys the decodes read
     schedule_time: float = 0.0
     execute_time: float = 0.0
+    update_time: float = 0.0  # update_from_output: tokens appended, stop checks, frees
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
