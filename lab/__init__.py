@@ -4,7 +4,7 @@
 importing a subpackage (e.g. lab.cache) does not import the whole engine.
 """
 
-from importlib import import_module
+from lab._lazy import lazy_getattr
 
 _EXPORTS = {
     "LLM": "lab.engine.llm",
@@ -15,9 +15,4 @@ _EXPORTS = {
 }
 
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'lab' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

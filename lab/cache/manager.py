@@ -6,11 +6,20 @@ Plain Python, no tensors. A request's blocks cover its tokens in this layout:
     0       num_computed_tokens        computed + hit tokens       computed + hits + new
     blocks: req_blocks[:k]  | new_computed_blocks       | blocks allocated here |
 
-Full blocks are committed to the prefix cache at scheduling time (before the forward pass), up
-to min(computed + hits + new, request.num_tokens) // block_size blocks.
+Full blocks are committed to the prefix cache only once their tokens are computed: after the
+step, by `cache_computed` (the scheduler calls it from update_from_output), up to
+min(num_computed_tokens, num_tokens) // block_size blocks. A step that is taken back (a request
+un-admitted or preempted within its step, a step that failed) therefore leaves nothing in the
+cache to undo; the price is that two requests admitted in the same step do not share the blocks
+one of them is computing (the second hits them from the next step on).
 
 With a swap space (`swap_space_gb` > 0, used by preemption=swap) a preempted request's computed
-blocks can be parked in CPU memory (see lab/cache/swap.py) instead of being recomputed.
+blocks can be parked in CPU memory (see lab/cache/swap.py) instead of being recomputed. Its device
+blocks are freed with their hashes, as recompute's are, so `resume_swapped` first takes back
+those still cached on the device (a block's content is known by its hash) and copies only the
+others from the swap space:
+
+    | still cached on device: touched | copied from the swap space | new for this step |
 
 `dtype` (cache.dtype: auto | fp8) is only validated and recorded here; the worker allocates the
 tensors in that dtype (lab/attention/base.py), and bytes_per_block already reflects it.
@@ -46,6 +55,19 @@ class PrefixCacheStats:
     @property
     def hit_rate(self) -> float:
         return self.hits / self.queries if self.queries else 0.0
+
+
+@dataclass(frozen=True)
+class KVCacheStats:
+    """The cache as a step leaves it, and its events since the previous `stats()` call."""
+
+    usage: float  # 0..1, evictable cached blocks counted as free
+    num_used_blocks: int
+    num_blocks: int  # usable blocks (the null block excluded)
+    bytes_per_block: int
+    prefix: PrefixCacheStats  # lookups since the previous call
+    num_evicted_blocks: int  # since the previous call
+    num_swapped_reqs: int
 
 
 class KVCacheManager:
@@ -96,6 +118,12 @@ class KVCacheManager:
         """KV-cache usage in [0, 1]; evictable cached blocks count as free."""
         return self.block_pool.get_usage()
 
+    def stats(self) -> KVCacheStats:
+        """A snapshot for the step that just ran; resets the since-the-last-call counters."""
+        return KVCacheStats(self.usage, self.num_used_blocks, self.num_blocks - 1,
+                            self.bytes_per_block, self.take_prefix_cache_stats(),
+                            self.take_num_evicted(), self.num_swapped_reqs)
+
     # -- prefix cache ----------------------------------------------------------------------
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of cached blocks prefixing the request, and its length in tokens.
@@ -105,19 +133,28 @@ class KVCacheManager:
         """
         if not self.enable_caching:
             return [], 0
-        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hits = self._cached_run(request, (request.num_tokens - 1) // self.block_size)
+        num_hit_tokens = len(hits) * self.block_size
+        self._count_lookup(request.num_tokens, num_hit_tokens)
+        return hits, num_hit_tokens
+
+    def _cached_run(self, request: Request, max_blocks: int) -> list[KVCacheBlock]:
+        """The cached blocks of the request's first block hashes, up to the first miss."""
         hits: list[KVCacheBlock] = []
-        for block_hash in request.block_hashes[:max_hit_blocks]:
+        if not self.enable_caching:
+            return hits
+        for block_hash in request.block_hashes[:max_blocks]:
             block = self.block_pool.get_cached_block(block_hash)
             if block is None:
                 break
             hits.append(block)
-        num_hit_tokens = len(hits) * self.block_size
+        return hits
+
+    def _count_lookup(self, num_queried: int, num_hit: int) -> None:
         for stats in (self.prefix_cache_stats, self.prefix_cache_totals):
             stats.requests += 1
-            stats.queries += request.num_tokens
-            stats.hits += num_hit_tokens
-        return hits, num_hit_tokens
+            stats.queries += num_queried
+            stats.hits += num_hit
 
     def take_prefix_cache_stats(self) -> PrefixCacheStats:
         """Lookups since the last call; resets the per-step counters."""
@@ -156,18 +193,19 @@ class KVCacheManager:
         """Reserve slots for `num_new_tokens` more tokens (after any prefix hits).
 
         Returns the newly allocated blocks (possibly empty), or None -- with no state changed --
-        when the free queue cannot supply them. See the module docstring for the layout.
+        when the free queue cannot supply them. See the module docstring for the layout. Nothing
+        is committed to the prefix cache here (see `cache_computed`).
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be > 0, got {num_new_tokens}")
         hits = list(new_computed_blocks or [])
         rid = request.request_id
         if hits and self.req_to_blocks.get(rid):
-            raise ValueError(f"request {rid} already has blocks; prefix hits are for new requests")
+            raise ValueError(f"request {rid} already has blocks; prefix hits are for requests "
+                             "that hold none (new, preempted or swapped out)")
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_needed = min(num_computed + num_new_tokens, self.max_model_len)
-        num_to_cache = min(num_computed + num_new_tokens, request.num_tokens)
-        self._check_hashes(request, num_to_cache)
+        self._check_hashes(request, min(num_needed, request.num_tokens))
         if self._num_blocks_to_allocate(rid, num_needed, hits) > self.num_free_blocks:
             return None
         req_blocks = self.req_to_blocks.setdefault(rid, [])
@@ -178,8 +216,6 @@ class KVCacheManager:
         num_new_blocks = cdiv(num_needed, self.block_size) - len(req_blocks)
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         req_blocks.extend(new_blocks)
-        if self.enable_caching:
-            self._cache_blocks(request, num_to_cache)
         return new_blocks
 
     def _check_hashes(self, request: Request, num_tokens: int) -> None:
@@ -189,6 +225,12 @@ class KVCacheManager:
                 f"request {request.request_id} has {len(request.block_hashes)} block hashes for "
                 f"{num_tokens} tokens; build it with make_block_hasher({self.block_size})"
             )
+
+    def cache_computed(self, request: Request) -> None:
+        """Commit the request's blocks that are full of computed tokens to the prefix cache
+        (after a step: its tokens up to num_computed_tokens have their KV written)."""
+        if self.enable_caching and request.request_id in self.req_to_blocks:
+            self._cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
 
     def _cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Commit the request's blocks that are full within its first `num_tokens` tokens."""
@@ -209,6 +251,11 @@ class KVCacheManager:
         self.num_cached_block.pop(request.request_id, None)
         self.block_pool.free_blocks(reversed(blocks))
 
+    def release(self, request: Request) -> None:
+        """Forget a finished request: free its device blocks and its swap blocks."""
+        self.free(request)
+        self.swap_space.discard(request.request_id)
+
     def free_all(self) -> None:
         """Release every request's blocks and swap blocks (recovery after a scheduler failure)."""
         for blocks in self.req_to_blocks.values():
@@ -217,28 +264,6 @@ class KVCacheManager:
         self.num_cached_block.clear()
         for request_id in list(self.swap_space.req_to_blocks):
             self.swap_space.discard(request_id)
-
-    def uncomputed_cached_blocks(self, request: Request) -> list[KVCacheBlock]:
-        """The request's blocks in the prefix cache past its computed tokens: committed at
-        allocation for tokens of the current step (see the module docstring), stale if that step's
-        work is taken back (a victim preempted after it was scheduled)."""
-        first = request.num_computed_tokens // self.block_size
-        return [b for b in self.req_to_blocks.get(request.request_id, [])[first:]
-                if b.block_hash is not None]
-
-    def uncache(self, request: Request, blocks: list[KVCacheBlock]) -> None:
-        """Take `blocks` (from uncomputed_cached_blocks) out of the prefix cache."""
-        for block in blocks:
-            self.block_pool.uncache_block(block)
-        rid = request.request_id
-        if rid in self.num_cached_block:
-            self.num_cached_block[rid] = min(self.num_cached_block[rid],
-                                             request.num_computed_tokens // self.block_size)
-
-    def uncache_block_ids(self, block_ids: list[int]) -> None:
-        """Take these blocks out of the prefix cache, whoever holds them."""
-        for block_id in block_ids:
-            self.block_pool.uncache_block(self.block_pool.blocks[block_id])
 
     # -- swap ------------------------------------------------------------------------------
     def swap_out(self, request: Request) -> bool:
@@ -253,10 +278,38 @@ class KVCacheManager:
         self.free(request)
         return True
 
-    def swap_in(self, request: Request) -> None:
-        """Copy a swapped request back into its first device blocks (allocate them first)."""
-        num = len(self.swap_space.req_to_blocks[request.request_id])
-        self.swap_space.swap_in(request.request_id, self.get_block_ids(request.request_id)[:num])
+    def resume_swapped(self, request: Request, num_new_tokens: int) -> list[KVCacheBlock] | None:
+        """Give a swapped-out request device blocks again for its computed tokens plus
+        `num_new_tokens`: blocks still cached on the device under its hashes are taken back
+        (counted as prefix-cache hits), the others are copied from the swap space. None (nothing
+        changed) when the blocks do not fit. See the module docstring for the layout."""
+        cpu = self.swap_space.req_to_blocks[request.request_id]
+        hits = self._cached_run(request, min(len(cpu), request.num_computed_tokens // self.block_size))
+        self._count_lookup(request.num_computed_tokens, len(hits) * self.block_size)
+        new = self.allocate_slots(request, num_new_tokens, 0, hits)
+        if new is None:
+            return None
+        device = self.get_block_ids(request.request_id)
+        self.swap_space.swap_in(request.request_id, device[len(hits):len(cpu)], skip=len(hits))
+        return new
+
+    def undo_resume(self, request: Request) -> None:
+        """Take back this step's `resume_swapped`: the request is swapped out again."""
+        self.swap_space.undo_swap_in(request.request_id)
+        self.free(request)
+
+    def discard_swapped(self, request_id: str) -> None:
+        """Drop a request's swapped blocks (it will be recomputed instead)."""
+        self.swap_space.discard(request_id)
+
+    @property
+    def num_swapped_reqs(self) -> int:
+        return self.swap_space.num_swapped_reqs
+
+    @property
+    def num_swap_blocks(self) -> int:
+        """The swap space's capacity in blocks (the worker allocates that many CPU blocks)."""
+        return self.swap_space.num_blocks
 
     def take_swap_step(self) -> SwapStep:
         """This step's swap copies (for the worker) and refusals; see SwapSpace.take_step."""

@@ -24,12 +24,14 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SwapStep:
-    """What one step swapped: (device, cpu) pairs out, (cpu, device) pairs in, and the swap-outs
-    refused because the swap space was full."""
+    """What one step swapped: (device, cpu) pairs out, (cpu, device) pairs in, the swap-outs
+    refused because the swap space was full, and the swapped blocks that resumed requests took
+    back from the device's prefix cache instead of copying them in."""
 
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     num_refused: int = 0
+    num_reclaimed: int = 0
 
 
 class SwapSpace:
@@ -74,21 +76,26 @@ class SwapSpace:
         self._step.swap_out.extend(zip(device_blocks, cpu))
         return True
 
-    def swap_in(self, request_id: str, device_blocks: list[int]) -> None:
-        """Record the copies of the request's CPU blocks into `device_blocks` (one per block)."""
-        cpu = self.req_to_blocks.pop(request_id)
-        if len(device_blocks) != len(cpu):
-            self.req_to_blocks[request_id] = cpu
-            raise ValueError(f"request {request_id} swapped {len(cpu)} blocks; "
-                             f"got {len(device_blocks)} device blocks to swap into")
+    def swap_in(self, request_id: str, device_blocks: list[int], skip: int = 0) -> None:
+        """Record the copies of the request's CPU blocks, but the first `skip` (still on the
+        device), into `device_blocks` (one per copied block). All its CPU blocks are released
+        at the end of the step."""
+        cpu = self.req_to_blocks[request_id]
+        if skip < 0 or len(device_blocks) != len(cpu) - skip:
+            raise ValueError(f"request {request_id} swapped {len(cpu)} blocks; got "
+                             f"{len(device_blocks)} device blocks to swap into after {skip}")
+        del self.req_to_blocks[request_id]
         self._pending_in[request_id] = cpu
-        self._step.swap_in.extend(zip(cpu, device_blocks))
+        self._step.swap_in.extend(zip(cpu[skip:], device_blocks))
+        self._step.num_reclaimed += skip
 
     def undo_swap_in(self, request_id: str) -> None:
         """Take back this step's swap-in of the request: it stays swapped out."""
         cpu = self._pending_in.pop(request_id)
         dropped = set(cpu)
-        self._step.swap_in = [(c, d) for c, d in self._step.swap_in if c not in dropped]
+        copied = [(c, d) for c, d in self._step.swap_in if c not in dropped]
+        self._step.num_reclaimed -= len(cpu) - (len(self._step.swap_in) - len(copied))
+        self._step.swap_in = copied
         self.req_to_blocks[request_id] = cpu
 
     def discard(self, request_id: str) -> int:

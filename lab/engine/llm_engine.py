@@ -252,7 +252,7 @@ def num_swap_blocks(scheduler: Scheduler) -> int:
     """CPU blocks the worker must hold: the swap space, when the preemption strategy uses it."""
     if not scheduler.preemption.uses_swap_space:
         return 0
-    n = scheduler.kv.swap_space.num_blocks
+    n = scheduler.kv.num_swap_blocks
     if n == 0:
         raise ValueError(f"preemption={scheduler.preemption.name} needs a swap space: set "
                          "cache.swap_space_gb > 0 (GiB of CPU memory; it holds less than one "

@@ -45,6 +45,7 @@ class StepStats:
     swap_out_bytes: int = 0
     swap_in_bytes: int = 0
     num_swap_fallbacks: int = 0  # swap victims recomputed because the swap space was full
+    swap_in_cached_blocks: int = 0  # swapped blocks a resume found still on the device (no copy)
     num_finished: int = 0
     num_generated_tokens: int = 0  # tokens sampled this step
     # the step's shape (lab.scheduler.output.StepShape): what step-time models fit and predict

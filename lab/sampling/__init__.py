@@ -1,5 +1,17 @@
-from lab.sampling.metadata import SamplingMetadata, make_generator
-from lab.sampling.params import SamplingParams
-from lab.sampling.sampler import Sampler
+"""Sampling: parameters (plain Python), metadata and the sampler (torch).
 
-__all__ = ["Sampler", "SamplingMetadata", "SamplingParams", "make_generator"]
+Names are resolved lazily, so that `lab.sampling.params` (what requests and the scheduler use)
+imports without torch.
+"""
+
+from lab._lazy import lazy_getattr
+
+_EXPORTS = {
+    "SamplingMetadata": "lab.sampling.metadata",
+    "make_generator": "lab.sampling.metadata",
+    "SamplingParams": "lab.sampling.params",
+    "Sampler": "lab.sampling.sampler",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -1,12 +1,39 @@
-"""Preemption strategies (the `preemption` config group): what happens to a preempted request."""
+"""Preemption strategies (the `preemption` config group): what happens to a preempted request
+(`preempt`) and how it gets its KV blocks back when it is admitted again (`resume`)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from lab.cache.block import KVCacheBlock
 from lab.cache.manager import KVCacheManager
 from lab.engine.request import Request, RequestStatus
 from lab.scheduler.queues import RequestQueue
+
+
+@dataclass
+class Admission:
+    """Blocks given to a waiting request for its first chunk of `num_new_tokens` tokens, after
+    `num_hit_tokens` found in the prefix cache (added to its computed tokens on admission)."""
+
+    blocks: list[KVCacheBlock]
+    num_hit_tokens: int
+    num_new_tokens: int
+
+
+#: the first chunk a request may compute given the tokens it is owed (budget, threshold)
+ChunkRule = Callable[[int], int]
+
+
+def admit_from_prefix(request: Request, kv: KVCacheManager, chunk: ChunkRule) -> Admission | None:
+    """A request with nothing computed (new, or preempted for recompute): look up the prefix
+    cache, then allocate blocks for its first chunk. None when the blocks do not fit."""
+    hits, num_hit = kv.get_computed_blocks(request)
+    n = chunk(request.num_tokens - num_hit)
+    blocks = kv.allocate_slots(request, n, num_hit, hits)
+    return None if blocks is None else Admission(blocks, num_hit, n)
 
 
 class PreemptionStrategy(ABC):
@@ -23,6 +50,15 @@ class PreemptionStrategy(ABC):
     def preempt(self, request: Request, kv: KVCacheManager, waiting: RequestQueue) -> str:
         """Take a running request out of the batch, release (or park) its KV blocks and requeue
         it. Returns the name of what was done (a strategy may fall back to another)."""
+
+    def resume(self, request: Request, kv: KVCacheManager, chunk: ChunkRule) -> Admission | None:
+        """Blocks for a request this strategy preempted, now admitted again (None: they do not
+        fit, nothing changed). Default: recompute it, from whatever the prefix cache holds."""
+        return admit_from_prefix(request, kv, chunk)
+
+    def unresume(self, request: Request, kv: KVCacheManager) -> None:
+        """Take back this step's `resume` (the request was un-admitted within the step)."""
+        kv.free(request)
 
     def can_admit(self, request: Request, kv: KVCacheManager, running: list[Request]) -> bool:
         """Admission control: may `request` start now? (Default: whenever blocks allow.)"""
@@ -66,6 +102,22 @@ class SwapPreemption(PreemptionStrategy):
         request.num_preemptions += 1
         waiting.prepend(request)
         return self.name
+
+    def resume(self, request: Request, kv: KVCacheManager, chunk: ChunkRule) -> Admission | None:
+        """A swapped request takes back its blocks still cached on the device and copies the
+        rest from the swap space (KVCacheManager.resume_swapped); one that fell back to
+        recompute is recomputed."""
+        if request.status != RequestStatus.SWAPPED:
+            return super().resume(request, kv, chunk)
+        n = chunk(request.num_tokens - request.num_computed_tokens)
+        blocks = kv.resume_swapped(request, n)
+        return None if blocks is None else Admission(blocks, 0, n)
+
+    def unresume(self, request: Request, kv: KVCacheManager) -> None:
+        if request.status == RequestStatus.SWAPPED:
+            kv.undo_resume(request)  # swapped out again
+        else:
+            kv.free(request)
 
 
 class ReservePreemption(RecomputePreemption):

@@ -1,12 +1,12 @@
 """Taking back a step that failed, for the Scheduler (a mixin: it works on the scheduler's own
 running list, waiting queue and KV-cache manager).
 
-`schedule()` promises work before it is done: it advances `num_computed_tokens` and commits the
-blocks of the step's tokens to the prefix cache (see lab/cache/manager.py). When the step then
-fails -- the executor raises, a KeyboardInterrupt lands in the forward pass, a CUDA error --
-`fail_step` takes back exactly that promise; when the scheduler itself raised, `fail_all` gives
-up on every request instead of trusting half-updated state. Both leave every block they touched
-free and no prefix-cache entry for KV that was never computed or copied.
+`schedule()` promises work before it is done: it advances `num_computed_tokens` (blocks reach
+the prefix cache only after the step, in update_from_output; see lab/cache/manager.py). When the
+step then fails -- the executor raises, a KeyboardInterrupt lands in the forward pass, a CUDA
+error -- `fail_step` takes back exactly that promise; when the scheduler itself raised,
+`fail_all` gives up on every request instead of trusting half-updated state. Both leave every
+block they touched free and no prefix-cache entry for KV that was never computed or copied.
 """
 
 from __future__ import annotations
@@ -35,24 +35,20 @@ class StepRecovery:
         """Take back a step whose execution failed (the executor raised or was interrupted).
 
         Exactly the requests it scheduled finish with `error`: their computed-token counts go
-        back to what the step started from, the blocks they committed to the prefix cache for
-        this step's (uncomputed) tokens or for blocks it swapped in leave it, and every block is
-        freed. Victims swapped out by the step fall back to recompute (the copies may not have
+        back to what the step started from and every block is freed (none of the step's blocks
+        was committed to the prefix cache). Victims swapped out by the step fall back to recompute (the copies may not have
         happened); requests the step did not schedule are untouched. Returns the failed
         requests.
         """
         self.finished_req_ids |= sched.finished_req_ids  # the worker may not have seen them
         for rid in sched.preempted_req_ids:
             self._unswap(self.requests.get(rid))
-        # blocks swapped in by the step were cached on allocation; their copies may not have run
-        self.kv.uncache_block_ids([device for _, device in sched.swap_in])
         failed = []
         for data in (*sched.scheduled_new_reqs, *sched.scheduled_cached_reqs):
             req = self.requests.get(data.req_id)
             if req is None or req.is_finished:
                 continue
             req.num_computed_tokens = data.num_computed_tokens  # before this step
-            self.kv.uncache(req, self.kv.uncomputed_cached_blocks(req))
             self._detach(req)
             self._finish(req, RequestStatus.FINISHED_ERROR)
             failed.append(req)
@@ -62,7 +58,7 @@ class StepRecovery:
         """A victim swapped out by a failed step is recomputed instead (its hashes stay)."""
         if req is None or req.status != RequestStatus.SWAPPED:
             return
-        self.kv.swap_space.discard(req.request_id)
+        self.kv.discard_swapped(req.request_id)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.times.swapped_at = None

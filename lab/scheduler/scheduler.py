@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from lab.cache.manager import KVCacheManager
+from lab.cache.manager import KVCacheManager, KVCacheStats
 from lab.engine.request import Request, RequestStatus
 from lab.scheduler.output import (
     CachedRequestData,
@@ -21,7 +21,7 @@ from lab.scheduler.output import (
     SchedulerOutput,
     StepShape,
 )
-from lab.scheduler.preemption import PreemptionStrategy
+from lab.scheduler.preemption import Admission, PreemptionStrategy, admit_from_prefix
 from lab.scheduler.queues import RequestQueue
 from lab.scheduler.recovery import StepRecovery
 
@@ -65,6 +65,18 @@ class StepEvents:
     swap_out_blocks: int = 0
     swap_in_blocks: int = 0
     num_swap_fallbacks: int = 0  # swap-outs refused (swap space full): recomputed instead
+    swap_in_cached_blocks: int = 0  # swapped blocks found still cached on the device (no copy)
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """What the engine reports of a step: queue sizes after it, its events, the KV cache."""
+
+    num_running_reqs: int
+    num_waiting_reqs: int  # swapped ones not included
+    num_swapped_reqs: int
+    events: StepEvents
+    kv: KVCacheStats
 
 
 class Scheduler(StepRecovery):
@@ -123,7 +135,12 @@ class Scheduler(StepRecovery):
     @property
     def num_swapped(self) -> int:
         """Waiting requests whose KV blocks are parked in the swap space."""
-        return self.kv.swap_space.num_swapped_reqs
+        return self.kv.num_swapped_reqs
+
+    def stats(self) -> SchedulerStats:
+        """Queue sizes, this step's events, and the KV cache's counters since the last call."""
+        return SchedulerStats(len(self.running), self.num_waiting - self.num_swapped,
+                              self.num_swapped, self.events, self.kv.stats())
 
     # -- schedule ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -175,7 +192,6 @@ class Scheduler(StepRecovery):
         if victim.request_id in plan.admitted:  # admitted this step: the worker never saw it
             self._unadmit(victim, plan)
             return
-        self._drop_uncomputed(victim, plan)
         self.running.remove(victim)
         given_back = plan.num_tokens.pop(victim.request_id, 0)
         plan.budget += given_back  # a victim scheduled earlier this step returns its budget
@@ -190,34 +206,20 @@ class Scheduler(StepRecovery):
         by[action] = by.get(action, 0) + 1
 
     def _unadmit(self, req: Request, plan: _StepPlan) -> None:
-        """Take back an admission made earlier in this step, as if it had not happened."""
+        """Take back an admission made earlier in this step, as if it had not happened (nothing
+        of this step reached the prefix cache: blocks are committed after the step)."""
         self.running.remove(req)
-        self._drop_uncomputed(req, plan)  # while num_computed still counts this admission's hits
         plan.budget += plan.num_tokens.pop(req.request_id)
         plan.new_blocks.pop(req.request_id)
         plan.new_reqs = [r for r in plan.new_reqs if r is not req]
         plan.resumed.discard(req.request_id)
         req.status, req.num_computed_tokens = plan.admitted.pop(req.request_id)
+        self.preemption.unresume(req, self.kv)
         if req.status == RequestStatus.SWAPPED:
-            self.kv.swap_space.undo_swap_in(req.request_id)
             req.times.swapped_at = self.clock()
         if req.status != RequestStatus.WAITING:
             req.times.preempted_at = self.clock()
-        self.kv.free(req)
         self.waiting.prepend(req)
-
-    def _drop_uncomputed(self, req: Request, plan: _StepPlan) -> None:
-        """Blocks `req` committed to the prefix cache this step hold tokens that will now not be
-        computed: take them out of the cache, and un-admit the requests admitted this step that
-        hit them (they would read KV that nobody writes)."""
-        stale = self.kv.uncomputed_cached_blocks(req)
-        if not stale:
-            return
-        self.kv.uncache(req, stale)
-        ids = {b.block_id for b in stale}
-        for other in [r for r in self.running if r.request_id in plan.admitted and r is not req]:
-            if other in self.running and ids & set(self.kv.get_block_ids(other.request_id)):
-                self._unadmit(other, plan)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         while self.waiting and plan.budget > 0:
@@ -226,29 +228,30 @@ class Scheduler(StepRecovery):
                 if self._make_room(req, plan):
                     continue
                 break
-            blocks, num_hit, n = self._try_allocate(req, plan.budget)
-            if blocks is None:
+            admission = self._try_allocate(req, plan.budget)
+            if admission is None:
                 if self._make_room(req, plan):
                     continue
                 break  # head-of-line blocking keeps the policy's order
             self.waiting.pop()
-            self._admit(req, num_hit, plan)
-            plan.num_tokens[req.request_id] = n
+            self._admit(req, admission.num_hit_tokens, plan)
+            plan.num_tokens[req.request_id] = admission.num_new_tokens
             plan.new_blocks[req.request_id] = self.kv.get_block_ids(req.request_id)
-            plan.budget -= n
+            plan.budget -= admission.num_new_tokens
 
-    def _try_allocate(self, req: Request, budget: int):
-        """Allocate a waiting request's first chunk: (blocks or None, prefix-hit tokens, n)."""
+    def _try_allocate(self, req: Request, budget: int) -> Admission | None:
+        """Allocate a waiting request's first chunk: new requests from the prefix cache,
+        preempted ones as their strategy resumes them. None: not now."""
         if not self.preemption.can_admit(req, self.kv, self.running):
-            return None, 0, 0
-        hits, num_hit = [], 0
-        if req.num_computed_tokens == 0:
-            hits, num_hit = self.kv.get_computed_blocks(req)
-        n = min(req.num_tokens - req.num_computed_tokens - num_hit, budget)
-        threshold = self.config.long_prefill_token_threshold
-        if 0 < threshold < n:
-            n = threshold
-        return self.kv.allocate_slots(req, n, num_hit, hits), num_hit, n
+            return None
+
+        def chunk(owed: int) -> int:
+            threshold = self.config.long_prefill_token_threshold
+            return min(owed, budget, threshold if threshold > 0 else owed)
+
+        if req.status == RequestStatus.WAITING:
+            return admit_from_prefix(req, self.kv, chunk)
+        return self.preemption.resume(req, self.kv, chunk)
 
     def _make_room(self, req: Request, plan: _StepPlan) -> bool:
         """Let the policy preempt a running request in favour of waiting `req` (priority)."""
@@ -268,8 +271,6 @@ class Scheduler(StepRecovery):
         else:  # preempted or swapped: the worker still holds its state
             plan.resumed.add(req.request_id)
             _resume_times(req, now)
-        if req.status == RequestStatus.SWAPPED:
-            self.kv.swap_in(req)
         if req.times.first_scheduled is None:
             req.times.first_scheduled = now
         if req.num_cached_tokens < 0:
@@ -291,6 +292,7 @@ class Scheduler(StepRecovery):
         self.events.swap_out_blocks = len(swaps.swap_out)
         self.events.swap_in_blocks = len(swaps.swap_in)
         self.events.num_swap_fallbacks = swaps.num_refused
+        self.events.swap_in_cached_blocks = swaps.num_reclaimed
         new_ids = {r.request_id for r in plan.new_reqs}
         chunks = []  # (new tokens, computed before, length) per scheduled request
         for req in self.running:
@@ -336,7 +338,10 @@ class Scheduler(StepRecovery):
         for rid in sched.num_scheduled_tokens:
             token = result.sampled_token_ids.get(rid)
             req = self.requests.get(rid)
-            if token is None or req is None or req.is_finished:
+            if req is None or req.is_finished:
+                continue
+            self.kv.cache_computed(req)  # the step's tokens are computed: share their blocks
+            if token is None:
                 continue  # a partial prefill samples nothing
             req.append_output_token(token)
             _record_token_time(req, now)
@@ -363,8 +368,7 @@ class Scheduler(StepRecovery):
     def _finish(self, req: Request, status: RequestStatus) -> None:
         req.status = status
         req.times.finished = self.clock()
-        self.kv.free(req)
-        self.kv.swap_space.discard(req.request_id)
+        self.kv.release(req)
         self.finished_req_ids.add(req.request_id)
         del self.requests[req.request_id]
 

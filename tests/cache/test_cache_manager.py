@@ -15,12 +15,14 @@ def _req(rid: str, tokens: list[int]) -> Request:
 
 
 def _admit(m: KVCacheManager, req: Request) -> list[int] | None:
-    """Prefix lookup + allocation of the whole prompt, as the scheduler does for a new request."""
+    """Prefix lookup + allocation of the whole prompt, as the scheduler does for a new request,
+    then the step: its tokens are computed and their full blocks committed."""
     hits, n_hit = m.get_computed_blocks(req)
     new = m.allocate_slots(req, req.num_tokens - n_hit, n_hit, hits)
     if new is None:
         return None
     req.num_computed_tokens = req.num_tokens
+    m.cache_computed(req)
     return m.get_block_ids(req.request_id)
 
 
@@ -101,15 +103,18 @@ def test_revives_evictable_hits_and_returns_only_new_blocks() -> None:
     assert all(m.block_pool.blocks[i].ref_cnt == 1 for i in m.get_block_ids("b"))
 
 
-def test_decode_grows_blocks_and_caches_full_ones() -> None:
+def test_decode_grows_blocks_and_caches_full_ones_once_computed() -> None:
     m = KVCacheManager(num_blocks=8, block_size=BS, max_model_len=64)
     r = _req("r", [1, 2, 3])
     assert len(m.allocate_slots(r, 3)) == 1
     r.num_computed_tokens = 3
     r.append_output_token(4)
     assert m.allocate_slots(r, 1) == []
-    assert m.block_pool.blocks[1].block_hash == r.block_hashes[0]
+    m.cache_computed(r)  # the 4th token is scheduled, not computed: the block is not shared yet
+    assert m.block_pool.blocks[1].block_hash is None
     r.num_computed_tokens = 4
+    m.cache_computed(r)
+    assert m.block_pool.blocks[1].block_hash == r.block_hashes[0]
     r.append_output_token(5)
     assert [blk.block_id for blk in m.allocate_slots(r, 1)] == [2]
 

@@ -55,8 +55,11 @@ class Model:
             self.num_cached[rid] = len(hits)
         new = [self._pop() for _ in range(max(need, 0))]
         self.owned[rid] = blocks + hits + new
-        self._cache(req, min(computed + n_new, req.num_tokens) // BS)
         return new
+
+    def computed(self, req: Request) -> None:
+        """The step ran: blocks full of computed tokens join the prefix cache."""
+        self._cache(req, min(req.num_computed_tokens, req.num_tokens) // BS)
 
     def _pop(self) -> int:
         b = self.free.pop(0)
@@ -121,6 +124,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert [b.block_id for b in got] == expected
         event(f"allocation evicted cached blocks: {self.m.block_pool.total_evicted > before[-1]}")
         req.num_computed_tokens += n_hit + n_new
+        self.m.cache_computed(req)
+        self.model.computed(req)
         if req.num_computed_tokens == req.num_tokens:
             req.append_output_token(self.next_token)  # the sampled token of this step
         return True

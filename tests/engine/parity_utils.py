@@ -15,7 +15,9 @@ MAX_TOKENS = 24
 MODES = {
     "default": dict(),
     "chunked": dict(max_num_batched_tokens=16),
-    "prefix": dict(),
+    # blocks are shared once computed (after their step): admit a few at a time so later
+    # prompts find the shared prefix of earlier ones
+    "prefix": dict(max_num_seqs=3),
     "preempt": dict(num_gpu_blocks=24, block_size=4, max_model_len=64),
 }
 

@@ -46,8 +46,6 @@ class InjectedFault(Exception):
 class FaultyExecutor(Executor):
     """The fake model (tests/scheduler/fakes.py) with faults on chosen execute_model calls."""
 
-    worker = None
-
     def __init__(self, scheduler, faults: list[tuple[int, str, str]]) -> None:
         self.scheduler = scheduler
         self.faults = sorted(faults)  # (first call, condition, kind): see WHEN
@@ -61,6 +59,9 @@ class FaultyExecutor(Executor):
                 del self.faults[i]
                 return kind
         return None
+
+    def model_info(self):  # pragma: no cover - not used here
+        raise NotImplementedError
 
     def determine_num_blocks(self, sizing):  # pragma: no cover - not used here
         raise NotImplementedError

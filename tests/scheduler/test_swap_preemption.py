@@ -4,11 +4,14 @@ an abort of a swapped request frees its CPU blocks."""
 
 import pytest
 
+from lab.cache.hashing import make_block_hasher
 from lab.cache.manager import KVCacheManager
 from lab.cache.swap import SwapSpace
-from lab.engine.request import RequestStatus
+from lab.engine.request import Request, RequestStatus
+from lab.sampling.params import SamplingParams
 from lab.scheduler.preemption import SwapPreemption
 from tests.scheduler.fakes import (
+    EOS,
     check_all_finished,
     fake_execute,
     make_request,
@@ -126,3 +129,49 @@ def test_swap_space_size_and_bad_values():
             KVCacheManager(8, 4, 64, swap_space_gb=bad, bytes_per_block=2**20)
     with pytest.raises(ValueError, match="num_blocks"):
         SwapSpace(-1)
+
+
+def _swapped_out(kv: KVCacheManager, tokens: list[int]):
+    """A request whose 10 tokens were computed (2 full blocks cached), then swapped out."""
+    req = Request("r", tokens, SamplingParams(max_tokens=4), EOS, 0.0,
+                  block_hasher=make_block_hasher(kv.block_size))
+    assert kv.allocate_slots(req, len(tokens)) is not None
+    req.num_computed_tokens = len(tokens)
+    kv.cache_computed(req)
+    assert kv.swap_out(req)
+    return req, kv.take_swap_step()
+
+
+def test_resume_takes_back_the_blocks_still_cached_on_the_device_and_copies_the_rest():
+    """The soak issue: swap got ~10x fewer prefix-cache hits than recompute because a resumed
+    request copied every block in from the CPU although its freed device blocks, known by their
+    hashes, were mostly still cached. Now only the missing ones are copied."""
+    kv = KVCacheManager(16, 4, 64)
+    kv.swap_space = SwapSpace(8)
+    req, out = _swapped_out(kv, list(range(10)))
+    old = [d for d, _ in out.swap_out]  # 3 device blocks, the first 2 full and cached
+    kv.take_prefix_cache_stats()
+    assert kv.resume_swapped(req, 1) is not None
+    now = kv.get_block_ids(req.request_id)
+    assert now[:2] == old[:2]  # taken back from the prefix cache: no copy
+    step = kv.take_swap_step()
+    assert [d for _, d in step.swap_in] == [now[2]] and step.num_reclaimed == 2
+    stats = kv.take_prefix_cache_stats()
+    assert (stats.queries, stats.hits) == (10, 8)
+    assert kv.swap_space.num_used_blocks == 0  # every CPU block released at the step's end
+
+
+def test_resume_copies_what_was_evicted_and_undo_restores_the_swap():
+    kv = KVCacheManager(5, 4, 64)  # 4 usable blocks
+    kv.swap_space = SwapSpace(8)
+    req, _ = _swapped_out(kv, list(range(10)))
+    hog = Request("hog", [7] * 16, SamplingParams(), EOS, 0.0, block_hasher=make_block_hasher(4))
+    assert kv.allocate_slots(hog, 16) is not None  # takes all 4 blocks: the cached ones evicted
+    kv.free(hog)
+    assert kv.resume_swapped(req, 1) is not None
+    kv.undo_resume(req)  # un-admitted within the step: swapped out again, nothing copied
+    assert kv.swap_space.holds(req.request_id) and kv.get_block_ids(req.request_id) == []
+    step = kv.take_swap_step()
+    assert step.swap_in == [] and step.num_reclaimed == 0
+    assert kv.resume_swapped(req, 1) is not None
+    assert len(kv.take_swap_step().swap_in) == 3
