@@ -12,21 +12,8 @@ Layout of the flattened token batch of one step (requests back to back, in sched
     for request i:    positions num_computed[i] .. seq_lens[i]-1 are computed this step;
                       positions 0 .. num_computed[i]-1 are read from the paged cache.
 
-fp8 KV cache (`cache.dtype=fp8`): the cache tensors are float8 e4m3fn (1 byte per element, so a
-block costs 1/2 of bf16's bytes and 1/4 of fp32's) with two fp32 scales per layer, held by the
-backend in `kv_scales` [num_layers, 2]: K and V for GQA/MHA, kv_c and k_pe for MLA's latent row.
-Scheme (`calibrate_kv_scale`): the first forward that writes a layer after `allocate_kv_cache`
-sets that layer's scales from the amax of the step's rows, on the device (no host sync):
-
-    scale = 2 ** ceil(log2(max(amax, 2**-20) * HEADROOM / 448)),   HEADROOM = 2
-
-i.e. a power of two with 2x-4x headroom over the first step's largest value; fixed afterwards
-(prefix caching and swap copy blocks bit for bit, so cached rows never need rescaling). Writes
-store fp8(clamp(x / scale, +-448)) (round to nearest even, saturating); reads use q_fp8 * scale.
-A power-of-two scale makes both the division and the product exact, so folding the K scale into
-the softmax scale and the V scale into the output (what the Triton kernels do) is exact too.
-The profiling forward on CUDA runs on a throw-away cache; the real `allocate_kv_cache` resets
-the scales, so calibration happens on the first real step.
+fp8 KV cache (`cache.dtype=fp8`): float8 e4m3fn tensors with two fp32 scales per layer; the
+scheme (calibration, quantize / dequantize references) is lab/kernels/fp8_kv.py.
 """
 
 from __future__ import annotations
@@ -36,10 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-FP8_KV_DTYPE = torch.float8_e4m3fn
-FP8_KV_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
-KV_SCALE_HEADROOM = 2.0
-KV_CACHE_DTYPES = ("auto", "fp8")  # cache.dtype values
+from lab.cache.dtypes import KV_CACHE_DTYPES
+from lab.kernels.fp8_kv import FP8_KV_DTYPE, calibrate_kv_scale
 
 
 def kv_cache_torch_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -49,24 +34,6 @@ def kv_cache_torch_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dt
                          f"{', '.join(KV_CACHE_DTYPES)} (auto = the model dtype, fp8 = float8 "
                          "e4m3 with per-layer scales)")
     return FP8_KV_DTYPE if cache_dtype == "fp8" else model_dtype
-
-
-def calibrate_kv_scale(x: torch.Tensor) -> torch.Tensor:
-    """The fp8 scale (fp32 [1], on x's device) for rows like x: see the module docstring."""
-    amax = x.detach().abs().amax().float().clamp_min(2.0**-20).reshape(1)
-    return torch.exp2(torch.ceil(torch.log2(amax * (KV_SCALE_HEADROOM / FP8_KV_MAX))))
-
-
-def quantize_kv_ref(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Reference fp8 store: fp8(clamp(x / scale, +-448)), round to nearest even."""
-    return (x.float() / scale.float()).clamp(-FP8_KV_MAX, FP8_KV_MAX).to(FP8_KV_DTYPE)
-
-
-def dequantize_kv_ref(q: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """Reference fp8 load: q * scale in fp32 (a non-fp8 cache is only upcast)."""
-    if q.dtype != FP8_KV_DTYPE:
-        return q.float()
-    return q.float() * (scale.float() if scale is not None else 1.0)
 
 
 @dataclass(frozen=True)

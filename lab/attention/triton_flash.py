@@ -13,7 +13,7 @@ The number of splits is chosen from the batch size and `max_model_len`, not from
 lengths, so the launch grid depends only on the batch size (CUDA-graph friendly). On a machine
 without CUDA the kernels run in Triton's interpreter (see lab/kernels/__init__.py), which has no
 bf16 arithmetic: a bf16 KV cache is refused there. An fp8 KV cache (`cache.dtype=fp8`, scheme in
-lab/attention/base.py) is quantized by the write kernel and dequantized inside both attention
+lab/kernels/fp8_kv.py) is quantized by the write kernel and dequantized inside both attention
 kernels with the layer's scales; it runs in the interpreter too.
 """
 

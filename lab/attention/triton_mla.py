@@ -17,7 +17,7 @@ A step with both kinds splits its requests into the two paths (token order is ke
 Softmax scale: the model passes (qk_nope + qk_rope)^-0.5 · mscale² (yarn), never the latent
 width. On a machine without CUDA the kernels run in Triton's interpreter (fp32/fp16 only).
 
-fp8 cache (`cache.dtype=fp8`, scheme in lab/attention/base.py: scales s_c for kv_c and s_pe for
+fp8 cache (`cache.dtype=fp8`, scheme in lab/kernels/fp8_kv.py: scales s_c for kv_c and s_pe for
 k_pe per layer): the write kernel quantizes, the decode kernel dequantizes in its tiles, and the
 expanded prefill dequantizes the gathered rows (to the model dtype) before kv_b_proj.
 """

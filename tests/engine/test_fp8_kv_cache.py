@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lab import LLM, SamplingParams
-from lab.attention.base import FP8_KV_DTYPE
+from lab.kernels.fp8_kv import FP8_KV_DTYPE
 from tests.options import model_for, options
 
 PROMPT_LENS = [5, 17, 30, 9]
