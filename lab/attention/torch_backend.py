@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lab.attention.base import AttentionInputs, PagedKVBackend
+from lab.attention.base import AttentionInputs, PagedKVBackend, layer_kv_scales
 from lab.attention.mla import MLAAttentionMixin, MLAWeights
 from lab.kernels.fp8_kv import FP8_KV_DTYPE, dequantize_kv_ref, quantize_kv_ref
 from lab.kernels.mla_cache_write import write_latent_cache_ref
@@ -73,7 +73,7 @@ class TorchAttentionBackend(MLAAttentionMixin, PagedKVBackend):
     def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
         md: TorchAttentionMetadata = metadata
         n = md.inputs.num_actual_tokens
-        k_scale, v_scale = self.layer_kv_scales(layer_idx, kv_cache, k[:n], v[:n])
+        k_scale, v_scale = layer_kv_scales(md.inputs, layer_idx, kv_cache, k[:n], v[:n])
         write_kv_cache(kv_cache, k[:n], v[:n], md.inputs.slot_mapping[:n], k_scale, v_scale)
         key, val = _gather_kv(kv_cache, md.blocks, md.inputs.num_reqs)  # [B, Hkv, L, D] each
         if kv_cache.dtype == FP8_KV_DTYPE:
@@ -85,7 +85,7 @@ class TorchAttentionBackend(MLAAttentionMixin, PagedKVBackend):
                     mla: MLAWeights, scale):
         md: TorchAttentionMetadata = metadata
         n = md.inputs.num_actual_tokens
-        c_scale, pe_scale = self.layer_kv_scales(layer_idx, kv_cache, kv_c[:n], k_pe[:n])
+        c_scale, pe_scale = layer_kv_scales(md.inputs, layer_idx, kv_cache, kv_c[:n], k_pe[:n])
         write_latent_cache_ref(kv_cache, kv_c[:n], k_pe[:n], md.inputs.slot_mapping[:n],
                                c_scale, pe_scale)
         b, lat = md.inputs.num_reqs, mla.kv_lora_rank

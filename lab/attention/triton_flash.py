@@ -23,7 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
-from lab.attention.base import AttentionInputs, AttentionSpec, KVCacheSpec, PagedKVBackend
+from lab.attention.base import (
+    AttentionInputs,
+    AttentionSpec,
+    KVCacheSpec,
+    PagedKVBackend,
+    layer_kv_scales,
+)
 from lab.attention.split_kv import SplitKVDecode
 from lab.kernels.kv_cache_write import write_kv_cache
 from lab.kernels.paged_decode import paged_decode_attention
@@ -67,7 +73,7 @@ class TritonFlashBackend(SplitKVDecode, PagedKVBackend):
         md: TritonFlashMetadata = metadata
         a = md.inputs
         n = a.num_actual_tokens
-        k_scale, v_scale = self.layer_kv_scales(layer_idx, kv_cache, k[:n], v[:n])
+        k_scale, v_scale = layer_kv_scales(a, layer_idx, kv_cache, k[:n], v[:n])
         write_kv_cache(k[:n], v[:n], kv_cache[0], kv_cache[1], a.slot_mapping[:n],
                        k_scale, v_scale)
         out = torch.zeros_like(q)

@@ -29,7 +29,13 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from lab.attention.base import AttentionBackend, AttentionInputs, AttentionSpec, KVCacheSpec
+from lab.attention.base import (
+    AttentionBackend,
+    AttentionInputs,
+    AttentionSpec,
+    KVCacheSpec,
+    layer_kv_scales,
+)
 from lab.attention.mla import MLAAttentionMixin, MLAWeights
 from lab.attention.split_kv import SplitKVDecode
 from lab.attention.torch_backend import dequantize_latent_rows
@@ -94,7 +100,7 @@ class TritonMLABackend(SplitKVDecode, MLAAttentionMixin, AttentionBackend):
                     mla: MLAWeights, scale):
         md: TritonMLAMetadata = metadata
         n = md.inputs.num_actual_tokens
-        scales = self.layer_kv_scales(layer_idx, kv_cache, kv_c[:n], k_pe[:n])
+        scales = layer_kv_scales(md.inputs, layer_idx, kv_cache, kv_c[:n], k_pe[:n])
         write_latent_cache(kv_c[:n], k_pe[:n], kv_cache, md.inputs.slot_mapping[:n], *scales)
         out = q_nope.new_zeros(q_nope.shape[0], mla.num_heads, mla.v_head_dim)
         for part, run in ((md.decode, self._decode), (md.prefill, self._prefill)):

@@ -72,7 +72,7 @@ def test_paged_mla_equals_dense(reqs, block_size):
     spec = mla_attention_spec(H, L, N, R, V)
     nblk = [-(-(c + q) // block_size) for c, q in reqs]
     kv_spec = backend.kv_cache_spec(spec, block_size, torch.float32)
-    cache = backend.allocate_kv_cache(kv_spec, sum(nblk) + 2, 1, torch.device("cpu"))[0]
+    cache = backend.allocate_kv_cache(kv_spec, sum(nblk) + 2, 1, torch.device("cpu")).layers[0]
     perm = (torch.randperm(sum(nblk)) + 1).tolist()  # scattered physical blocks, 0 is null
     tables = [perm[sum(nblk[:i]): sum(nblk[:i + 1])] for i in range(len(reqs))]
     lat = [(torch.randn(c + q, L), torch.randn(c + q, R)) for c, q in reqs]
