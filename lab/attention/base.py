@@ -12,21 +12,11 @@ Layout of the flattened token batch of one step (requests back to back, in sched
     for request i:    positions num_computed[i] .. seq_lens[i]-1 are computed this step;
                       positions 0 .. num_computed[i]-1 are read from the paged cache.
 
-fp8 KV cache (`cache.dtype=fp8`): the cache tensors are float8 e4m3fn (1 byte per element, so a
-block costs 1/2 of bf16's bytes and 1/4 of fp32's) with two fp32 scales per layer, held by the
-backend in `kv_scales` [num_layers, 2]: K and V for GQA/MHA, kv_c and k_pe for MLA's latent row.
-Scheme (`calibrate_kv_scale`): the first forward that writes a layer after `allocate_kv_cache`
-sets that layer's scales from the amax of the step's rows, on the device (no host sync):
-
-    scale = 2 ** ceil(log2(max(amax, 2**-20) * HEADROOM / 448)),   HEADROOM = 2
-
-i.e. a power of two with 2x-4x headroom over the first step's largest value; fixed afterwards
-(prefix caching and swap copy blocks bit for bit, so cached rows never need rescaling). Writes
-store fp8(clamp(x / scale, +-448)) (round to nearest even, saturating); reads use q_fp8 * scale.
-A power-of-two scale makes both the division and the product exact, so folding the K scale into
-the softmax scale and the V scale into the output (what the Triton kernels do) is exact too.
-The profiling forward on CUDA runs on a throw-away cache; the real `allocate_kv_cache` resets
-the scales, so calibration happens on the first real step.
+fp8 KV cache (`cache.dtype=fp8`): float8 e4m3fn tensors with two fp32 scales per layer; the
+scheme (calibration, quantize / dequantize references) is lab/kernels/fp8_kv.py. The scales
+belong to the cache (`allocate_kv_cache` returns a `KVCache`: `.layers` and `.scales`); the
+ModelRunner holds them and hands them to the backend in each step's `AttentionInputs.kv_scales`,
+so a backend keeps no state about any cache.
 """
 
 from __future__ import annotations
@@ -36,10 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-FP8_KV_DTYPE = torch.float8_e4m3fn
-FP8_KV_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
-KV_SCALE_HEADROOM = 2.0
-KV_CACHE_DTYPES = ("auto", "fp8")  # cache.dtype values
+from lab.cache.dtypes import KV_CACHE_DTYPES
+from lab.kernels.fp8_kv import FP8_KV_DTYPE, calibrate_kv_scale
 
 
 def kv_cache_torch_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -49,24 +37,6 @@ def kv_cache_torch_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dt
                          f"{', '.join(KV_CACHE_DTYPES)} (auto = the model dtype, fp8 = float8 "
                          "e4m3 with per-layer scales)")
     return FP8_KV_DTYPE if cache_dtype == "fp8" else model_dtype
-
-
-def calibrate_kv_scale(x: torch.Tensor) -> torch.Tensor:
-    """The fp8 scale (fp32 [1], on x's device) for rows like x: see the module docstring."""
-    amax = x.detach().abs().amax().float().clamp_min(2.0**-20).reshape(1)
-    return torch.exp2(torch.ceil(torch.log2(amax * (KV_SCALE_HEADROOM / FP8_KV_MAX))))
-
-
-def quantize_kv_ref(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Reference fp8 store: fp8(clamp(x / scale, +-448)), round to nearest even."""
-    return (x.float() / scale.float()).clamp(-FP8_KV_MAX, FP8_KV_MAX).to(FP8_KV_DTYPE)
-
-
-def dequantize_kv_ref(q: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """Reference fp8 load: q * scale in fp32 (a non-fp8 cache is only upcast)."""
-    if q.dtype != FP8_KV_DTYPE:
-        return q.float()
-    return q.float() * (scale.float() if scale is not None else 1.0)
 
 
 @dataclass(frozen=True)
@@ -122,6 +92,54 @@ class KVCacheSpec:
         return self.bytes_per_token * self.block_size
 
 
+class KVScales:
+    """An fp8 cache's per-layer scales: fp32 `scales` [num_layers, 2] (K and V, or kv_c and k_pe
+    for MLA's latent row) and which layers are calibrated. Made with the cache (`KVCache`), so a
+    fresh cache starts uncalibrated; each layer is calibrated on its first write (scheme:
+    lab/kernels/fp8_kv.py) and fixed afterwards."""
+
+    def __init__(self, num_layers: int, device: torch.device | str) -> None:
+        self.scales = torch.ones(num_layers, 2, dtype=torch.float32, device=device)
+        self.calibrated = [False] * num_layers
+
+    def for_layer(
+        self, layer_idx: int, first: torch.Tensor, second: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's two scales (fp32 [1] views), calibrated from `first` / `second` (the
+        step's rows) if this is the layer's first write."""
+        if layer_idx >= len(self.calibrated):  # grow, keeping the calibrated layers
+            extra = layer_idx + 1 - len(self.calibrated)
+            self.scales = torch.cat((self.scales, self.scales.new_ones(extra, 2)))
+            self.calibrated += [False] * extra
+        if not self.calibrated[layer_idx]:
+            self.scales[layer_idx, 0:1] = calibrate_kv_scale(first)
+            self.scales[layer_idx, 1:2] = calibrate_kv_scale(second)
+            self.calibrated[layer_idx] = True
+        return self.scales[layer_idx, 0:1], self.scales[layer_idx, 1:2]
+
+
+@dataclass
+class KVCache:
+    """The KV cache a backend allocates: one tensor per layer, and an fp8 cache's scales."""
+
+    layers: list[torch.Tensor]
+    scales: KVScales | None = None
+
+
+def layer_kv_scales(
+    inputs: AttentionInputs, layer_idx: int, kv_cache: torch.Tensor, first: torch.Tensor,
+    second: torch.Tensor,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The layer's two fp8 scales from the step's `inputs.kv_scales` (see KVScales.for_layer);
+    (None, None) for a cache that is not fp8."""
+    if kv_cache.dtype != FP8_KV_DTYPE:
+        return None, None
+    if inputs.kv_scales is None:
+        raise ValueError("an fp8 KV cache needs its scales: pass the KVScales of the KVCache "
+                         "that allocate_kv_cache made as AttentionInputs.kv_scales")
+    return inputs.kv_scales.for_layer(layer_idx, first, second)
+
+
 @dataclass
 class AttentionInputs:
     """The step's attention inputs, common to every backend (device tensors + host copies).
@@ -142,6 +160,7 @@ class AttentionInputs:
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
     max_model_len: int = 0  # the engine's limit: lets backends size launches without host lengths
+    kv_scales: KVScales | None = None  # an fp8 cache's KVCache.scales, handed in per step
 
     @property
     def is_pure_decode(self) -> bool:
@@ -184,44 +203,15 @@ class AttentionBackend(ABC):
     def kv_cache_spec(self, spec: AttentionSpec, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
         """The per-layer cache this backend needs for a model with this attention spec."""
 
-    #: fp8 caches only: fp32 [num_layers, 2] scales and which layers are calibrated
-    kv_scales: torch.Tensor | None = None
-    _kv_calibrated: list[bool] | None = None
-
     def allocate_kv_cache(
         self, kv_spec: KVCacheSpec, num_blocks: int, num_layers: int, device: torch.device
-    ) -> list[torch.Tensor]:
-        """One zeroed cache tensor per layer, shaped kv_spec.layer_shape(num_blocks). An fp8
+    ) -> KVCache:
+        """One zeroed cache tensor per layer, shaped kv_spec.layer_shape(num_blocks); an fp8
         cache also gets fresh (uncalibrated) per-layer scales."""
         shape = kv_spec.layer_shape(num_blocks)
-        self.kv_scales, self._kv_calibrated = None, None
-        if kv_spec.dtype == FP8_KV_DTYPE:
-            self._reset_kv_scales(num_layers, device)
-        return [torch.zeros(shape, dtype=kv_spec.dtype, device=device) for _ in range(num_layers)]
-
-    def _reset_kv_scales(self, num_layers: int, device: torch.device) -> None:
-        self.kv_scales = torch.ones(num_layers, 2, dtype=torch.float32, device=device)
-        self._kv_calibrated = [False] * num_layers
-
-    def layer_kv_scales(
-        self, layer_idx: int, kv_cache: torch.Tensor, first: torch.Tensor, second: torch.Tensor
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The layer's two fp8 scales (fp32 [1] views; K/V, or kv_c/k_pe for MLA), calibrated
-        from `first` / `second` (the step's rows) on the layer's first write; (None, None) for
-        a cache that is not fp8."""
-        if kv_cache.dtype != FP8_KV_DTYPE:
-            return None, None
-        if self.kv_scales is None:  # a cache not made by allocate_kv_cache (tests)
-            self._reset_kv_scales(layer_idx + 1, kv_cache.device)
-        if layer_idx >= self.kv_scales.shape[0]:  # grow, keeping the calibrated layers
-            extra = layer_idx + 1 - self.kv_scales.shape[0]
-            self.kv_scales = torch.cat((self.kv_scales, self.kv_scales.new_ones(extra, 2)))
-            self._kv_calibrated += [False] * extra
-        if not self._kv_calibrated[layer_idx]:
-            self.kv_scales[layer_idx, 0:1] = calibrate_kv_scale(first)
-            self.kv_scales[layer_idx, 1:2] = calibrate_kv_scale(second)
-            self._kv_calibrated[layer_idx] = True
-        return self.kv_scales[layer_idx, 0:1], self.kv_scales[layer_idx, 1:2]
+        layers = [torch.zeros(shape, dtype=kv_spec.dtype, device=device) for _ in range(num_layers)]
+        scales = KVScales(num_layers, device) if kv_spec.dtype == FP8_KV_DTYPE else None
+        return KVCache(layers, scales)
 
     def build_metadata(self, inputs: AttentionInputs) -> object:
         """Backend-specific metadata, built once per step. The default passes the inputs through."""

@@ -19,7 +19,7 @@ Weight absorption (what a latent-space decode kernel does, lab/kernels/mla_decod
 w_uk[h] = W_UK [N, L] and w_uv[h] = W_UV [L, V] (both views of kv_b_proj.weight),
 q_nope[h] · k_nope[j, h] = (q_nope[h] w_uk[h]) · kv_c[j] and out[h] = (Σ_j p_j kv_c[j]) w_uv[h].
 
-fp8 cache (`cache.dtype=fp8`, scheme in lab/attention/base.py): the latent row is stored in
+fp8 cache (`cache.dtype=fp8`, scheme in lab/kernels/fp8_kv.py): the latent row is stored in
 float8 e4m3fn with two per-layer scales, one for the kv_c part and one for the k_pe part (their
 magnitudes differ: kv_c is normalised, k_pe is not); row = | fp8(kv_c / s_c) | fp8(k_pe / s_pe) |.
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lab.attention.base import FP8_KV_DTYPE, AttentionSpec, KVCacheSpec, quantize_kv_ref
+from lab.attention.base import AttentionSpec, KVCacheSpec
 
 
 def mla_attention_spec(
@@ -57,25 +57,6 @@ def mla_kv_cache_spec(spec: AttentionSpec, block_size: int, dtype: torch.dtype) 
         block_shape=(block_size, width), dtype=dtype, bytes_per_token=width * elem,
         block_size=block_size, leading=(),
     )
-
-
-def write_latent_cache(
-    kv_cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, slot_mapping: torch.Tensor,
-    c_scale: torch.Tensor | None = None, pe_scale: torch.Tensor | None = None,
-) -> None:
-    """Reference latent write: row | kv_c [T, L] | k_pe [T, R] | of token t goes to slot
-    slot_mapping[t] (block slot // block_size, offset slot % block_size); slots < 0 are skipped.
-    An fp8 cache stores | kv_c / c_scale | k_pe / pe_scale | (fp32 [1] scales; None: 1.0)."""
-    num_blocks, block_size, width = kv_cache.shape
-    valid = slot_mapping >= 0
-    if kv_cache.dtype == FP8_KV_DTYPE:
-        one = torch.ones(1, dtype=torch.float32, device=kv_c.device)
-        rows = torch.cat((quantize_kv_ref(kv_c[valid], one if c_scale is None else c_scale),
-                          quantize_kv_ref(k_pe[valid], one if pe_scale is None else pe_scale)),
-                         dim=-1)
-    else:
-        rows = torch.cat((kv_c[valid], k_pe[valid]), dim=-1).to(kv_cache.dtype)
-    kv_cache.view(num_blocks * block_size, width)[slot_mapping[valid]] = rows
 
 
 @dataclass

@@ -17,7 +17,7 @@ MLA (kind "mla", lab/attention/mla.py) is the reference too: the latent cache ho
 same way, expands them with kv_b_proj into per-head k = | k_nope | k_pe | and v (as transformers
 does), and attends with the same mask.
 
-fp8 cache (`cache.dtype=fp8`, scheme in lab/attention/base.py): writes store
+fp8 cache (`cache.dtype=fp8`, scheme in lab/kernels/fp8_kv.py): writes store
 fp8(clamp(x / scale, +-448)) with the layer's scales (`quantize_kv_ref`), reads gather the fp8
 rows and dequantize them (q_fp8 * scale, in fp32, then the query's dtype) before attending: the
 definition the Triton kernels are checked against.
@@ -30,14 +30,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lab.attention.base import (
-    FP8_KV_DTYPE,
-    AttentionInputs,
-    PagedKVBackend,
-    dequantize_kv_ref,
-    quantize_kv_ref,
-)
-from lab.attention.mla import MLAAttentionMixin, MLAWeights, write_latent_cache
+from lab.attention.base import AttentionInputs, PagedKVBackend, layer_kv_scales
+from lab.attention.mla import MLAAttentionMixin, MLAWeights
+from lab.kernels.fp8_kv import FP8_KV_DTYPE, dequantize_kv_ref, quantize_kv_ref
+from lab.kernels.mla_cache_write import write_latent_cache_ref
 
 
 @dataclass
@@ -77,7 +73,7 @@ class TorchAttentionBackend(MLAAttentionMixin, PagedKVBackend):
     def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
         md: TorchAttentionMetadata = metadata
         n = md.inputs.num_actual_tokens
-        k_scale, v_scale = self.layer_kv_scales(layer_idx, kv_cache, k[:n], v[:n])
+        k_scale, v_scale = layer_kv_scales(md.inputs, layer_idx, kv_cache, k[:n], v[:n])
         write_kv_cache(kv_cache, k[:n], v[:n], md.inputs.slot_mapping[:n], k_scale, v_scale)
         key, val = _gather_kv(kv_cache, md.blocks, md.inputs.num_reqs)  # [B, Hkv, L, D] each
         if kv_cache.dtype == FP8_KV_DTYPE:
@@ -89,9 +85,9 @@ class TorchAttentionBackend(MLAAttentionMixin, PagedKVBackend):
                     mla: MLAWeights, scale):
         md: TorchAttentionMetadata = metadata
         n = md.inputs.num_actual_tokens
-        c_scale, pe_scale = self.layer_kv_scales(layer_idx, kv_cache, kv_c[:n], k_pe[:n])
-        write_latent_cache(kv_cache, kv_c[:n], k_pe[:n], md.inputs.slot_mapping[:n],
-                           c_scale, pe_scale)
+        c_scale, pe_scale = layer_kv_scales(md.inputs, layer_idx, kv_cache, kv_c[:n], k_pe[:n])
+        write_latent_cache_ref(kv_cache, kv_c[:n], k_pe[:n], md.inputs.slot_mapping[:n],
+                               c_scale, pe_scale)
         b, lat = md.inputs.num_reqs, mla.kv_lora_rank
         rows = kv_cache.index_select(0, md.blocks).view(-1, kv_cache.shape[-1])  # [B*S, L+R]
         rows = dequantize_latent_rows(rows, lat, c_scale, pe_scale, q_nope.dtype)

@@ -13,7 +13,7 @@ The number of splits is chosen from the batch size and `max_model_len`, not from
 lengths, so the launch grid depends only on the batch size (CUDA-graph friendly). On a machine
 without CUDA the kernels run in Triton's interpreter (see lab/kernels/__init__.py), which has no
 bf16 arithmetic: a bf16 KV cache is refused there. An fp8 KV cache (`cache.dtype=fp8`, scheme in
-lab/attention/base.py) is quantized by the write kernel and dequantized inside both attention
+lab/kernels/fp8_kv.py) is quantized by the write kernel and dequantized inside both attention
 kernels with the layer's scales; it runs in the interpreter too.
 """
 
@@ -23,7 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
-from lab.attention.base import AttentionInputs, AttentionSpec, KVCacheSpec, PagedKVBackend
+from lab.attention.base import (
+    AttentionInputs,
+    AttentionSpec,
+    KVCacheSpec,
+    PagedKVBackend,
+    layer_kv_scales,
+)
 from lab.attention.split_kv import SplitKVDecode
 from lab.kernels.kv_cache_write import write_kv_cache
 from lab.kernels.paged_decode import paged_decode_attention
@@ -67,7 +73,7 @@ class TritonFlashBackend(SplitKVDecode, PagedKVBackend):
         md: TritonFlashMetadata = metadata
         a = md.inputs
         n = a.num_actual_tokens
-        k_scale, v_scale = self.layer_kv_scales(layer_idx, kv_cache, k[:n], v[:n])
+        k_scale, v_scale = layer_kv_scales(a, layer_idx, kv_cache, k[:n], v[:n])
         write_kv_cache(k[:n], v[:n], kv_cache[0], kv_cache[1], a.slot_mapping[:n],
                        k_scale, v_scale)
         out = torch.zeros_like(q)

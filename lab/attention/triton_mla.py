@@ -17,7 +17,7 @@ A step with both kinds splits its requests into the two paths (token order is ke
 Softmax scale: the model passes (qk_nope + qk_rope)^-0.5 · mscale² (yarn), never the latent
 width. On a machine without CUDA the kernels run in Triton's interpreter (fp32/fp16 only).
 
-fp8 cache (`cache.dtype=fp8`, scheme in lab/attention/base.py: scales s_c for kv_c and s_pe for
+fp8 cache (`cache.dtype=fp8`, scheme in lab/kernels/fp8_kv.py: scales s_c for kv_c and s_pe for
 k_pe per layer): the write kernel quantizes, the decode kernel dequantizes in its tiles, and the
 expanded prefill dequantizes the gathered rows (to the model dtype) before kv_b_proj.
 """
@@ -29,7 +29,13 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from lab.attention.base import AttentionBackend, AttentionInputs, AttentionSpec, KVCacheSpec
+from lab.attention.base import (
+    AttentionBackend,
+    AttentionInputs,
+    AttentionSpec,
+    KVCacheSpec,
+    layer_kv_scales,
+)
 from lab.attention.mla import MLAAttentionMixin, MLAWeights
 from lab.attention.split_kv import SplitKVDecode
 from lab.attention.torch_backend import dequantize_latent_rows
@@ -94,7 +100,7 @@ class TritonMLABackend(SplitKVDecode, MLAAttentionMixin, AttentionBackend):
                     mla: MLAWeights, scale):
         md: TritonMLAMetadata = metadata
         n = md.inputs.num_actual_tokens
-        scales = self.layer_kv_scales(layer_idx, kv_cache, kv_c[:n], k_pe[:n])
+        scales = layer_kv_scales(md.inputs, layer_idx, kv_cache, kv_c[:n], k_pe[:n])
         write_latent_cache(kv_c[:n], k_pe[:n], kv_cache, md.inputs.slot_mapping[:n], *scales)
         out = q_nope.new_zeros(q_nope.shape[0], mla.num_heads, mla.v_head_dim)
         for part, run in ((md.decode, self._decode), (md.prefill, self._prefill)):

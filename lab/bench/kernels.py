@@ -94,7 +94,7 @@ def decode_row(env: Setup, row: str, batch: int, ctx: int, h=32, hkv=8, d=128, b
                kv_fp8: bool = False) -> Row:
     """Paged decode; kv_fp8: the cache in float8 e4m3 with per-layer K/V scales (cache.dtype=fp8),
     GB/s counted on the fp8 bytes; the torch baseline attends over the dequantized cache."""
-    from lab.attention.base import calibrate_kv_scale, dequantize_kv_ref, quantize_kv_ref
+    from lab.kernels.fp8_kv import calibrate_kv_scale, dequantize_kv_ref, quantize_kv_ref
     from lab.kernels.paged_decode import (
         DecodeWorkspace,
         choose_num_splits,

@@ -30,9 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lab.attention.base import KV_CACHE_DTYPES
 from lab.cache.block import KVCacheBlock
 from lab.cache.block_pool import BlockPool
+from lab.cache.dtypes import KV_CACHE_DTYPES
 from lab.cache.swap import SwapSpace, SwapStep
 
 if TYPE_CHECKING:

@@ -35,8 +35,8 @@ def fp8_gemm(
     tile entries as in `int8_gemm`."""
     if interpreter_active() or a_q.device.type != "cuda":
         raise ValueError("fp8_gemm needs a CUDA device: Triton's interpreter has no fp8 "
-                         "arithmetic (an fp8 tl.dot returns garbage there); use fp8_gemm_ref on "
-                         "the CPU")
+                         "arithmetic (an fp8 tl.dot returns garbage there); use fp8_gemm_ref "
+                         "(kernels=torch) on the CPU")
     check_scaled_mm_args("fp8_gemm", a_q, a_scale, w_q, w_scale, bias, out_dtype, FP8_DTYPE)
     return scaled_mm(a_q, a_scale, w_q, w_scale, bias, out_dtype, config)
 

@@ -11,7 +11,7 @@ token x tile, i.e. BLOCK_T = 1 when a token's heads fill the tile).
 On GPU the cast rounds to nearest-even like torch's `.to`; the interpreter truncates fp32 -> bf16
 (1 ulp off), so bit-exact tests use fp32/fp16 caches on CPU.
 
-fp8 cache (float8 e4m3fn, `cache.dtype=fp8`; scheme in lab/attention/base.py): with k_scale /
+fp8 cache (float8 e4m3fn, `cache.dtype=fp8`; scheme in lab/kernels/fp8_kv.py): with k_scale /
 v_scale (fp32 [1] device tensors; None means 1.0) the store is fp8(clamp(x / scale, +-448)),
 an IEEE division (`div_rn`) and round-to-nearest-even, bit-identical to `quantize_kv_ref`. The
 rounding to e4m3 is done in fp32 first (`_round_to_e4m3` of lab/kernels/quantize.py) because the
@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lab.attention.base import FP8_KV_DTYPE, quantize_kv_ref
 from lab.kernels import interpreter_active, num_warps_for
+from lab.kernels.fp8_kv import FP8_KV_DTYPE, quantize_kv_ref
 from lab.kernels.quantize import _round_to_e4m3
 
 _MAX_TILE = 2048  # elements per program (BLOCK_H * D); 4 KiB of bf16 per K and per V

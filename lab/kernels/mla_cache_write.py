@@ -6,9 +6,9 @@ Slots < 0 (padding) are skipped; values are cast to the cache dtype on store.
 
 Grid (cdiv(T, BLOCK_T),): one program writes BLOCK_T whole rows; the row width is padded to a
 power of two (BLOCK_W >= L + R, masked), so L and R need not be powers of two (DeepSeek: 512 + 64).
-The PyTorch reference is `lab.attention.mla.write_latent_cache` (the `attention=torch` path).
+The PyTorch reference is `write_latent_cache_ref` below (the `attention=torch` path).
 
-fp8 cache (float8 e4m3fn, scheme in lab/attention/base.py): kv_c is stored as fp8(kv_c / c_scale)
+fp8 cache (float8 e4m3fn, scheme in lab/kernels/fp8_kv.py): kv_c is stored as fp8(kv_c / c_scale)
 and k_pe as fp8(k_pe / pe_scale) (clamped to +-448, round to nearest even, IEEE division),
 bit-identical to the reference; the e4m3 rounding is done in fp32 first (see kv_cache_write.py),
 so this runs in the interpreter too.
@@ -20,9 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lab.attention.base import FP8_KV_DTYPE
-from lab.attention.mla import write_latent_cache as write_latent_cache_ref  # noqa: F401
 from lab.kernels import interpreter_active, num_warps_for
+from lab.kernels.fp8_kv import FP8_KV_DTYPE, quantize_kv_ref
 from lab.kernels.kv_cache_write import _scale_arg, _to_fp8_grid
 
 _MAX_TILE = 4096  # elements per program on a GPU
@@ -95,3 +94,22 @@ def _check_args(kv_c, k_pe, kv_cache, slot_mapping) -> None:
     for name, x in (("kv_c", kv_c), ("k_pe", k_pe), ("kv_cache", kv_cache)):
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension")
+
+
+def write_latent_cache_ref(
+    kv_cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, slot_mapping: torch.Tensor,
+    c_scale: torch.Tensor | None = None, pe_scale: torch.Tensor | None = None,
+) -> None:
+    """Reference latent write: row | kv_c [T, L] | k_pe [T, R] | of token t goes to slot
+    slot_mapping[t] (block slot // block_size, offset slot % block_size); slots < 0 are skipped.
+    An fp8 cache stores | kv_c / c_scale | k_pe / pe_scale | (fp32 [1] scales; None: 1.0)."""
+    num_blocks, block_size, width = kv_cache.shape
+    valid = slot_mapping >= 0
+    if kv_cache.dtype == FP8_KV_DTYPE:
+        one = torch.ones(1, dtype=torch.float32, device=kv_c.device)
+        rows = torch.cat((quantize_kv_ref(kv_c[valid], one if c_scale is None else c_scale),
+                          quantize_kv_ref(k_pe[valid], one if pe_scale is None else pe_scale)),
+                         dim=-1)
+    else:
+        rows = torch.cat((kv_c[valid], k_pe[valid]), dim=-1).to(kv_cache.dtype)
+    kv_cache.view(num_blocks * block_size, width)[slot_mapping[valid]] = rows

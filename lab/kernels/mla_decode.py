@@ -49,7 +49,7 @@ instead of being split across programs: a program owning half of O would still n
     (BLOCK_H = 128 does not fit: 256 accumulator registers per thread at 8 warps.)
   * Interpreter: cost is per op, not per element, so larger tiles (TILE_N = 64) and up to 64
     heads per program.
-fp8 cache (float8 e4m3fn, scheme in lab/attention/base.py; per layer one scale s_c for the kv_c
+fp8 cache (float8 e4m3fn, scheme in lab/kernels/fp8_kv.py; per layer one scale s_c for the kv_c
 part and one s_pe for the k_pe part): the tiles are loaded as fp8 and converted to the query's
 dtype (exact), and
 
@@ -70,8 +70,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lab.attention.base import FP8_KV_DTYPE, dequantize_kv_ref
 from lab.kernels import check_dtype_supported, interpreter_active
+from lab.kernels.fp8_kv import FP8_KV_DTYPE, dequantize_kv_ref
 from lab.kernels.kv_cache_write import _scale_arg
 from lab.kernels.merge_attn_states import merge_attn_states
 from lab.kernels.online_softmax import online_softmax_step

@@ -13,7 +13,7 @@ num_splits; each program derives its key range from seq_lens on the GPU (CUDA-gr
 With num_splits == 1 the program writes the normalised output (and lse) directly; otherwise it
 writes fp32 partials and LSEs that stage 2 (`merge_attn_states`) combines.
 
-fp8 cache (float8 e4m3fn, scheme in lab/attention/base.py): K/V tiles are loaded as fp8 and
+fp8 cache (float8 e4m3fn, scheme in lab/kernels/fp8_kv.py): K/V tiles are loaded as fp8 and
 converted to the query's dtype (exact: every e4m3 value is a bf16/fp16/fp32 value), the dots run
 in that dtype, the K scale is folded into the softmax scale and the V scale multiplies the
 output (exact for the power-of-two scales the backends use). k_scale / v_scale are fp32 [1]
@@ -30,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lab.attention.base import FP8_KV_DTYPE, dequantize_kv_ref
 from lab.kernels import check_dtype_supported, interpreter_active
+from lab.kernels.fp8_kv import FP8_KV_DTYPE, dequantize_kv_ref
 from lab.kernels.kv_cache_write import _scale_arg
 from lab.kernels.merge_attn_states import merge_attn_states, merge_attn_states_ref
 from lab.kernels.online_softmax import online_softmax_step

@@ -14,7 +14,7 @@ Kernel design (kernel-targets §3.1, vLLM unified attention):
 - The KV loop walks TILE_N key positions at a time, independent of the cache block size; a key at
   position p lives at block block_table[b, p // block_size], offset p % block_size.
 - FlashAttention-2 online softmax in fp32 (exp2 with log2(e) folded into the scale).
-- fp8 cache (float8 e4m3fn, scheme in lab/attention/base.py): K/V tiles are loaded as fp8 and
+- fp8 cache (float8 e4m3fn, scheme in lab/kernels/fp8_kv.py): K/V tiles are loaded as fp8 and
   converted to q's dtype (exact), the K scale is folded into the softmax scale and the V scale
   multiplies the output (exact for power-of-two scales). k_scale / v_scale are fp32 [1] device
   tensors (None: 1.0). Runs in the interpreter.
@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lab.attention.base import FP8_KV_DTYPE, dequantize_kv_ref
 from lab.kernels import check_dtype_supported, interpreter_active
+from lab.kernels.fp8_kv import FP8_KV_DTYPE, dequantize_kv_ref
 from lab.kernels.kv_cache_write import _scale_arg
 from lab.kernels.online_softmax import online_softmax_step
 

@@ -169,6 +169,11 @@ def quantize_fp8_per_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return _launch(x, FP8_DTYPE, FP8_MAX, False, "quantize_fp8_per_tensor")
 
 
+def quantize_fp8(x: torch.Tensor, per_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 per token (scale [M, 1]) or per tensor (scale [1])."""
+    return quantize_fp8_per_token(x) if per_token else quantize_fp8_per_tensor(x)
+
+
 # -- references -------------------------------------------------------------------------------
 def _scale_ref(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     return amax.float().clamp_min(EPS) / qmax
@@ -198,3 +203,8 @@ def quantize_fp8_per_tensor_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     amax = xf.abs().amax() if x.numel() else torch.zeros((), device=x.device)
     scale = _scale_ref(amax, FP8_MAX).reshape(1)
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def quantize_fp8_ref(x: torch.Tensor, per_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference of `quantize_fp8`."""
+    return quantize_fp8_per_token_ref(x) if per_token else quantize_fp8_per_tensor_ref(x)

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lab.kernels import num_warps_for
+from lab.kernels import check_dtype_supported, num_warps_for
 
 _ROW_TILE = 2048  # elements per program when rows are narrow
 
@@ -71,6 +71,7 @@ def rms_norm(
     Outputs are new contiguous tensors of x's shape; y has dtype promote(weight, x), h has x's
     dtype. `residual` must match x's shape and dtype. Inputs may be strided views.
     """
+    check_dtype_supported(x, "rms_norm input")
     n = x.shape[-1]
     if weight.shape != (n,):
         raise ValueError(f"weight shape {tuple(weight.shape)} does not match hidden size {n}")

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lab.kernels import num_warps_for
+from lab.kernels import check_dtype_supported, num_warps_for
 
 _HEAD_TILE = 2048  # elements (heads x pairs) per tile
 
@@ -116,6 +116,7 @@ def rotary_embedding(
     Returns new contiguous (q, k) in the input dtype; the inputs are not modified. Positions
     must lie in [0, max_pos) (not checked: no host sync).
     """
+    check_dtype_supported(q, "rotary q")
     half = _check(positions, q, k, cos, sin)
     q = q if q.stride(-1) == 1 else q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()

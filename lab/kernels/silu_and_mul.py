@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lab.kernels import num_warps_for
+from lab.kernels import check_dtype_supported, num_warps_for
 
 _MAX_BLOCK = 1024
 
@@ -35,6 +35,7 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, n_cols, stride_x, BLOCK: tl.constexpr):
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [..., 2N] -> new contiguous [..., N] = silu(x[..., :N]) * x[..., N:]."""
+    check_dtype_supported(x, "silu_and_mul input")
     if x.shape[-1] % 2:
         raise ValueError(f"last dim must be even (| gate | up |), got {x.shape[-1]}")
     n = x.shape[-1] // 2

@@ -4,10 +4,13 @@ The quantized GEMMs of lab/quant (int8 / fp8 W8A8, int4 weight-only) go through 
 object, so `kernels=torch` runs each method on its PyTorch reference and `kernels=triton` on
 its Triton kernel; a quant method never picks an implementation itself.
 
-A `LayerOps` is built once (Hydra: `conf/kernels/*.yaml`) and handed to the model, whose
-RMSNorm / RotaryEmbedding / SiluAndMul layers hold a reference to it (no globals):
+Every op is one row of `OPS`: its name, its contract, and where its two implementations live
+(each Triton kernel sits beside its PyTorch reference in lab/kernels/*.py). A `LayerOps` binds
+one column of that table to its attributes; it is built once (Hydra: `conf/kernels/*.yaml`) and
+handed to the model, whose RMSNorm / RotaryEmbedding / SiluAndMul layers hold a reference to it
+(no globals):
 
-    torch   TorchOps   PyTorch math, HF's numerics step by step (runs anywhere, bf16 included)
+    torch   TorchOps   the `*_ref` functions: HF's numerics step by step (anywhere, bf16 included)
     triton  TritonOps  the Triton kernels of lab/kernels (CUDA; on CPU: interpreter, fp32/fp16)
     auto    auto_ops   TritonOps when the run's device is CUDA, else TorchOps
 
@@ -16,237 +19,132 @@ Both produce HF's roundings (see each kernel's docstring), so switching keeps pa
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import torch
-import torch.nn.functional as F
+
+IMPLS = ("torch", "triton")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op of the `kernels` group: `module:function` of its PyTorch reference and of its
+    Triton implementation (same signature), and its contract."""
+
+    name: str
+    reference: str
+    triton: str
+    doc: str
+
+    def target(self, impl: str) -> str:
+        """The `module:function` implementing this op for `impl` ("torch" or "triton")."""
+        if impl not in IMPLS:
+            raise ValueError(f"kernels impl {impl!r} is invalid: use one of {', '.join(IMPLS)}")
+        return self.reference if impl == "torch" else self.triton
+
+
+def _op(name: str, module: str, kernel: str, doc: str) -> Op:
+    """A row whose reference is `<kernel>_ref` beside `kernel` in lab/kernels/<module>.py."""
+    path = f"lab.kernels.{module}:{kernel}"
+    return Op(name, f"{path}_ref", path, doc)
+
+
+OPS: tuple[Op, ...] = (
+    _op("rms_norm", "rmsnorm", "rms_norm", """(x, weight, eps, residual=None): RMSNorm of
+        x [..., N] in fp32, cast back to x's dtype, times weight [N]. With `residual`:
+        h = x + residual (in x's dtype) and returns (rms_norm(h), h)."""),
+    _op("rotary", "rotary", "rotary_embedding", """(positions, q, k, cos, sin, is_neox=True):
+        rotate q [T, H, D], k [T, Hkv, D] at positions [T] with fp32 tables cos/sin
+        [max_pos, rotary_dim/2]; neox = rotate halves, else interleaved pairs. Returns new (q, k)."""),
+    _op("silu_and_mul", "silu_and_mul", "silu_and_mul", """(x): x [..., 2N] laid out
+        | gate | up | -> silu(gate) * up [..., N]."""),
+    _op("fused_moe", "fused_moe", "fused_moe", """(x, w13, w2, topk_weights, topk_ids,
+        w13_scale=None, w2_scale=None): routed experts of a MoE layer: x [T, hidden],
+        w13 [E, 2I, hidden] (| gate | up |), w2 [E, hidden, I], topk_weights / topk_ids [T, k]
+        -> [T, hidden] in x's dtype, out[t] = sum_j topk_weights[t, j] * w2[e] (silu(gate) * up),
+        e = topk_ids[t, j]. With scales ([E, 2I], [E, hidden] fp32) the weights are 8-bit
+        per-channel quantized."""),
+    _op("copy_blocks", "copy_blocks", "copy_blocks", """(src, dst, src_ids, dst_ids, block_dim):
+        copy whole KV blocks src[.., src_ids[i], ..] -> dst[.., dst_ids[i], ..] along `block_dim`
+        (same device, bit-exact for every dtype; used to swap blocks through a staging buffer)."""),
+    # ---- quantized GEMMs (the `quant` group's methods call these; see lab/quant) ------------
+    _op("quantize_int8_per_token", "quantize", "quantize_int8_per_token", """(x): x [M, K] ->
+        (int8 [M, K], fp32 scale [M, 1]) with x ~= q * scale (symmetric)."""),
+    _op("int8_gemm", "int8_gemm", "int8_gemm", """(a_q, a_scale, w_q, w_scale, bias, out_dtype):
+        W8A8: (a_q [M, K] * a_scale [M, 1]) @ (w_q [N, K] * w_scale [N])^T + bias -> [M, N]."""),
+    _op("quantize_fp8", "quantize", "quantize_fp8", """(x, per_token): x [M, K] ->
+        (e4m3 [M, K], fp32 scale [M, 1] per token, or [1] per tensor)."""),
+    _op("fp8_gemm", "fp8_gemm", "fp8_gemm", """(a_q, a_scale, w_q, w_scale, bias, out_dtype):
+        W8A8 in e4m3: (a_q * a_scale) @ (w_q [N, K] * w_scale)^T + bias -> [M, N]. The Triton
+        kernel needs CUDA (e4m3 dots do not run in Triton's interpreter)."""),
+    _op("w4a16_gemm", "w4a16_gemm", "w4a16_gemm", """(x, w_packed, scales, zeros, group_size,
+        bias): x [M, K] @ dequant(w_packed uint8 [N, K/2], scales/zeros [N, K/G])^T + bias
+        -> [M, N] in x's dtype (int4 weights, two per byte; zeros None = symmetric)."""),
+)
+
+
+class LazyImpl:
+    """An op's implementation, imported on its first call (the kernel modules import Triton)."""
+
+    def __init__(self, op: Op, impl: str) -> None:
+        self.op, self.path = op, op.target(impl)
+        self.__doc__ = op.doc
+        self._fn: Callable[..., Any] | None = None
+
+    def resolve(self) -> Callable[..., Any]:
+        """The implementing function (imported now if it was not yet)."""
+        if self._fn is None:
+            module, name = self.path.split(":")
+            self._fn = getattr(importlib.import_module(module), name)
+        return self._fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<{self.op.name}: {self.path}>"
 
 
 class LayerOps:
-    """Base of the `kernels` group: the three memory-bound ops of a Llama-style layer."""
+    """Base of the `kernels` group: the ops of `OPS`, bound to one implementation ("torch" or
+    "triton") as attributes of the same names (contracts: `OPS[i].doc`)."""
 
-    name = "base"
+    rms_norm: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
+    rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    silu_and_mul: Callable[..., torch.Tensor]
+    fused_moe: Callable[..., torch.Tensor]
+    copy_blocks: Callable[..., None]
+    quantize_int8_per_token: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    int8_gemm: Callable[..., torch.Tensor]
+    quantize_fp8: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    fp8_gemm: Callable[..., torch.Tensor]
+    w4a16_gemm: Callable[..., torch.Tensor]
 
-    def rms_norm(
-        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """RMSNorm of x [..., N] in fp32, cast back to x's dtype, times weight [N]. With
-        `residual`: h = x + residual (in x's dtype) and returns (rms_norm(h), h)."""
-        raise NotImplementedError
-
-    def rotary(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-        sin: torch.Tensor, is_neox: bool = True,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q [T, H, D], k [T, Hkv, D] at positions [T] with fp32 tables cos/sin
-        [max_pos, rotary_dim/2]; neox = rotate halves, else interleaved pairs. Returns new (q, k)."""
-        raise NotImplementedError
-
-    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., 2N] laid out | gate | up | -> silu(gate) * up [..., N]."""
-        raise NotImplementedError
-
-    def fused_moe(
-        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
-        w2_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Routed experts of a MoE layer: x [T, hidden], w13 [E, 2I, hidden] (| gate | up |),
-        w2 [E, hidden, I], topk_weights / topk_ids [T, k] -> [T, hidden] in x's dtype,
-        out[t] = sum_j topk_weights[t, j] * w2[e] (silu(gate) * up),  e = topk_ids[t, j].
-        With scales ([E, 2I], [E, hidden] fp32) the weights are 8-bit per-channel quantized."""
-        raise NotImplementedError
-
-    def copy_blocks(
-        self, src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor,
-        block_dim: int,
-    ) -> None:
-        """Copy whole KV blocks src[.., src_ids[i], ..] -> dst[.., dst_ids[i], ..] along
-        `block_dim` (same device; used to swap blocks through a staging buffer)."""
-        raise NotImplementedError
-
-    # ---- quantized GEMMs (the `quant` group's methods call these; see lab/quant) ----------
-    def quantize_int8_per_token(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [M, K] -> (int8 [M, K], fp32 scale [M, 1]) with x ~= q * scale (symmetric)."""
-        raise NotImplementedError
-
-    def int8_gemm(
-        self, a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-        bias: torch.Tensor | None, out_dtype: torch.dtype,
-    ) -> torch.Tensor:
-        """W8A8: (a_q [M, K] * a_scale [M, 1]) @ (w_q [N, K] * w_scale [N])^T + bias -> [M, N]."""
-        raise NotImplementedError
-
-    def quantize_fp8(
-        self, x: torch.Tensor, per_token: bool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [M, K] -> (e4m3 [M, K], fp32 scale [M, 1] per token, or [1] per tensor)."""
-        raise NotImplementedError
-
-    def fp8_gemm(
-        self, a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-        bias: torch.Tensor | None, out_dtype: torch.dtype,
-    ) -> torch.Tensor:
-        """W8A8 in e4m3: (a_q * a_scale) @ (w_q [N, K] * w_scale)^T + bias -> [M, N]."""
-        raise NotImplementedError
-
-    def w4a16_gemm(
-        self, x: torch.Tensor, w_packed: torch.Tensor, scales: torch.Tensor,
-        zeros: torch.Tensor | None, group_size: int, bias: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """x [M, K] @ dequant(w_packed uint8 [N, K/2], scales/zeros [N, K/G])^T + bias -> [M, N]
-        in x's dtype (int4 weights, two per byte; zeros None = symmetric)."""
-        raise NotImplementedError
+    def __init__(self, impl: str) -> None:
+        self.name = impl
+        for op in OPS:
+            setattr(self, op.name, LazyImpl(op, impl))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
-def rotate_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D]; cos/sin [T, rotary_dim] (duplicated halves). HF's rotate_half math."""
-    rot = cos.shape[-1]
-    x_rot, x_pass = x[..., :rot], x[..., rot:]
-    x1, x2 = x_rot.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    out = x_rot * cos[:, None, :] + rotated * sin[:, None, :]
-    return torch.cat((out, x_pass), dim=-1) if x_pass.numel() else out
-
-
-def rotate_gptj(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D]; cos/sin [T, rotary_dim] (each angle repeated twice). Interleaved pairs."""
-    rot = cos.shape[-1]
-    x_rot, x_pass = x[..., :rot], x[..., rot:]
-    rotated = torch.stack((-x_rot[..., 1::2], x_rot[..., 0::2]), dim=-1).flatten(-2)
-    out = x_rot * cos[:, None, :] + rotated * sin[:, None, :]
-    return torch.cat((out, x_pass), dim=-1) if x_pass.numel() else out
-
-
 class TorchOps(LayerOps):
-    """PyTorch math (the layers' original implementation)."""
+    """The PyTorch references (`kernels=torch`)."""
 
-    name = "torch"
-
-    def rms_norm(self, x, weight, eps, residual=None):
-        if residual is not None:
-            h = x + residual
-            return self.rms_norm(h, weight, eps), h
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        return weight * xf.to(x.dtype)  # HF order: cast back first, then scale
-
-    def rotary(self, positions, q, k, cos, sin, is_neox=True):
-        c, s = cos[positions].to(q.dtype), sin[positions].to(q.dtype)  # HF casts cos/sin first
-        if is_neox:
-            c, s = torch.cat((c, c), dim=-1), torch.cat((s, s), dim=-1)
-            return rotate_neox(q, c, s), rotate_neox(k, c, s)
-        c, s = c.repeat_interleave(2, dim=-1), s.repeat_interleave(2, dim=-1)
-        return rotate_gptj(q, c, s), rotate_gptj(k, c, s)
-
-    def silu_and_mul(self, x):
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
-
-    def fused_moe(self, x, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
-        from lab.kernels.fused_moe import fused_moe_ref
-
-        return fused_moe_ref(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
-
-    def copy_blocks(self, src, dst, src_ids, dst_ids, block_dim):
-        from lab.kernels.copy_blocks import copy_blocks_ref
-
-        copy_blocks_ref(src, dst, src_ids, dst_ids, block_dim)
-
-    def quantize_int8_per_token(self, x):
-        from lab.kernels.quantize import quantize_int8_per_token_ref
-
-        return quantize_int8_per_token_ref(x)
-
-    def int8_gemm(self, a_q, a_scale, w_q, w_scale, bias, out_dtype):
-        from lab.kernels.int8_gemm import int8_gemm_ref
-
-        return int8_gemm_ref(a_q, a_scale, w_q, w_scale, bias, out_dtype)
-
-    def quantize_fp8(self, x, per_token):
-        from lab.kernels import quantize
-
-        fn = quantize.quantize_fp8_per_token_ref if per_token else quantize.quantize_fp8_per_tensor_ref
-        return fn(x)
-
-    def fp8_gemm(self, a_q, a_scale, w_q, w_scale, bias, out_dtype):
-        from lab.kernels.fp8_gemm import fp8_gemm_ref
-
-        return fp8_gemm_ref(a_q, a_scale, w_q, w_scale, bias, out_dtype)
-
-    def w4a16_gemm(self, x, w_packed, scales, zeros, group_size, bias):
-        from lab.kernels.w4a16_gemm import w4a16_gemm_ref
-
-        return w4a16_gemm_ref(x, w_packed, scales, zeros, group_size, bias)
+    def __init__(self) -> None:
+        super().__init__("torch")
 
 
 class TritonOps(LayerOps):
-    """The Triton kernels. Importing them switches Triton to its interpreter when there is no
-    CUDA; bf16 there raises ValueError (the interpreter has no bf16 arithmetic)."""
-
-    name = "triton"
+    """The Triton kernels (`kernels=triton`). Importing them switches Triton to its interpreter
+    when there is no CUDA; bf16 there raises ValueError (the interpreter has no bf16 arithmetic)."""
 
     def __init__(self) -> None:
-        from lab.kernels import check_dtype_supported
-        from lab.kernels.rmsnorm import rms_norm
-        from lab.kernels.rotary import rotary_embedding
-        from lab.kernels.silu_and_mul import silu_and_mul
-
-        self._check = check_dtype_supported
-        self._rms_norm, self._rotary, self._silu_and_mul = rms_norm, rotary_embedding, silu_and_mul
-
-    def rms_norm(self, x, weight, eps, residual=None):
-        self._check(x, "rms_norm input")
-        return self._rms_norm(x, weight, eps, residual)
-
-    def rotary(self, positions, q, k, cos, sin, is_neox=True):
-        self._check(q, "rotary q")
-        return self._rotary(positions, q, k, cos, sin, is_neox)
-
-    def silu_and_mul(self, x):
-        self._check(x, "silu_and_mul input")
-        return self._silu_and_mul(x)
-
-    def fused_moe(self, x, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
-        from lab.kernels.fused_moe import fused_moe
-
-        self._check(x, "fused_moe input")
-        return fused_moe(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
-
-    def copy_blocks(self, src, dst, src_ids, dst_ids, block_dim):
-        from lab.kernels.copy_blocks import copy_blocks  # bit-exact for every dtype
-
-        copy_blocks(src, dst, src_ids, dst_ids, block_dim)
-
-    def quantize_int8_per_token(self, x):
-        from lab.kernels.quantize import quantize_int8_per_token
-
-        return quantize_int8_per_token(x)
-
-    def int8_gemm(self, a_q, a_scale, w_q, w_scale, bias, out_dtype):
-        from lab.kernels.int8_gemm import int8_gemm
-
-        return int8_gemm(a_q, a_scale, w_q, w_scale, bias, out_dtype)
-
-    def quantize_fp8(self, x, per_token):
-        from lab.kernels import quantize
-
-        return (quantize.quantize_fp8_per_token if per_token else quantize.quantize_fp8_per_tensor)(x)
-
-    def fp8_gemm(self, a_q, a_scale, w_q, w_scale, bias, out_dtype):
-        if not a_q.is_cuda:
-            raise ValueError("the fp8 Triton GEMM needs a CUDA device (e4m3 dots do not run in "
-                             "Triton's interpreter); use kernels=torch on the CPU")
-        from lab.kernels.fp8_gemm import fp8_gemm
-
-        return fp8_gemm(a_q, a_scale, w_q, w_scale, bias, out_dtype)
-
-    def w4a16_gemm(self, x, w_packed, scales, zeros, group_size, bias):
-        from lab.kernels.w4a16_gemm import w4a16_gemm
-
-        self._check(x, "w4a16_gemm input")
-        return w4a16_gemm(x, w_packed, scales, zeros, group_size, bias)
+        super().__init__("triton")
 
 
 def auto_ops(device: str = "auto") -> LayerOps:

@@ -98,7 +98,7 @@ def load_model(
     cls = model_class(hf_config)
     ops = ops or TorchOps()
     quant = quant or NoQuantConfig()
-    quant.bind(hf_config, ops)
+    quant = quant.bind(hf_config, ops)
     with torch.device(device), default_dtype(dtype):
         model = cls(hf_config, attn_backend, ops)
         quant.quantize_model(model)

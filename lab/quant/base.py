@@ -12,7 +12,7 @@ Two bases (config group = package = base class):
 Flow (lab/models/loader.py `load_model`):
 
     model = cls(hf_config, backend, ops)          # every Linear starts unquantized
-    quant.bind(hf_config, ops)                    # checks the checkpoint's quantization_config
+    quant = quant.bind(hf_config, ops)            # a copy: the kernels + the checkpoint's check
     quant.quantize_model(model)                   # Linear.set_quant_method(method_for(name, layer))
     model.load_weights(...)                       # params (and per-shard scales) filled
     method.process_weights_after_loading(layer)   # online methods quantize here
@@ -28,8 +28,10 @@ dtype; the fused MoE kernel dequantizes in registers) where the method has an ex
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -115,22 +117,28 @@ class QuantConfig:
         None when the method has no expert path."""
         return None
 
-    def check_checkpoint(self, quant_cfg: dict | None) -> None:
-        """Accept or refuse the checkpoint's `quantization_config` (None: a dense checkpoint)."""
+    def check_checkpoint(self, quant_cfg: dict | None) -> dict[str, Any]:
+        """Accept or refuse the checkpoint's `quantization_config` (None: a dense checkpoint);
+        returns the attributes `bind` sets on its bound copy (what the checkpoint says)."""
         if quant_cfg is not None:
             method = quant_cfg.get("quant_method", "?")
             raise ValueError(
                 f"the checkpoint is quantized (quantization_config.quant_method={method!r}); "
                 f"quant={self.name} loads dense checkpoints only (an fp8 checkpoint: quant=fp8)")
+        return {}
 
     # ---- the mechanism -------------------------------------------------------------------
-    def bind(self, hf_config, ops: LayerOps) -> None:
-        """Attach the run's kernels and check the checkpoint's quantization_config."""
-        self.ops = ops
+    def bind(self, hf_config, ops: LayerOps) -> QuantConfig:
+        """A copy of this config for one model: the run's kernels and what the checkpoint's
+        quantization_config says (checked here). This config itself is left unchanged, so one
+        `quant` option can be bound to several models."""
         quant_cfg = getattr(hf_config, "quantization_config", None)
         if quant_cfg is not None and not isinstance(quant_cfg, dict):
             quant_cfg = quant_cfg.to_dict()
-        self.check_checkpoint(quant_cfg)
+        bound = copy.copy(self)
+        for name, value in {"ops": ops, **self.check_checkpoint(quant_cfg)}.items():
+            setattr(bound, name, value)
+        return bound
 
     def quantize_model(self, model: nn.Module) -> None:
         """Give every Linear of `model` its method; refuse or keep MoE experts (see `experts`)."""

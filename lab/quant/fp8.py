@@ -20,6 +20,7 @@ Two sources of weights:
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch import nn
@@ -114,10 +115,9 @@ class Fp8Config(QuantConfig):
         self.serialized = False
         self.ignored: tuple[str, ...] = ()
 
-    def check_checkpoint(self, quant_cfg: dict | None) -> None:
-        self.serialized = False
+    def check_checkpoint(self, quant_cfg: dict | None) -> dict[str, Any]:
         if quant_cfg is None:
-            return
+            return {"serialized": False, "ignored": ()}
         if quant_cfg.get("quant_method") != "fp8":
             super().check_checkpoint(quant_cfg)
         if quant_cfg.get("weight_block_size"):
@@ -126,8 +126,8 @@ class Fp8Config(QuantConfig):
         if quant_cfg.get("activation_scheme", "dynamic") != "dynamic":
             raise ValueError(f"fp8 checkpoint with activation_scheme="
                              f"{quant_cfg['activation_scheme']!r} is not supported (dynamic only)")
-        self.serialized = True
-        self.ignored = tuple(quant_cfg.get("ignored_layers") or quant_cfg.get("modules_to_not_convert") or ())
+        ignored = quant_cfg.get("ignored_layers") or quant_cfg.get("modules_to_not_convert") or ()
+        return {"serialized": True, "ignored": tuple(ignored)}
 
     def method_for(self, prefix: str, layer: Linear) -> QuantMethod | None:
         per_token = self.activation_scheme == "per_token"

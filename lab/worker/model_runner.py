@@ -7,12 +7,12 @@ keeps its token ids in its state until it resumes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from lab.attention.base import AttentionBackend
+from lab.attention.base import AttentionBackend, KVCache, KVScales
 from lab.cache.block_table import BlockTable
 from lab.sampling.metadata import SamplingMetadata, make_generator
 from lab.sampling.params import SamplingParams
@@ -55,13 +55,13 @@ class ModelRunner:
         self.free_rows = list(range(max_num_reqs - 1, -1, -1))
         self.states: dict[str, CachedRequestState] = {}
         self.kv_caches: list[torch.Tensor] = []
+        self.kv_scales: KVScales | None = None  # an fp8 cache's scales, calibrated on first write
         self.swapper: BlockSwapper | None = None
         self.sampler = Sampler()
 
-    def initialize_cache(
-        self, kv_caches: list[torch.Tensor], swapper: BlockSwapper | None = None
-    ) -> None:
-        self.kv_caches = kv_caches
+    def initialize_cache(self, kv_cache: KVCache, swapper: BlockSwapper | None = None) -> None:
+        """Hold the cache the backend allocated (its layers and, for fp8, its scales)."""
+        self.kv_caches, self.kv_scales = kv_cache.layers, kv_cache.scales
         self.swapper = swapper
 
     @torch.inference_mode()
@@ -74,7 +74,8 @@ class ModelRunner:
             self._batch_rows(sched), self.token_ids, self.block_table, self.block_size,
             self.max_model_len, self.device,
         )
-        metadata = self.attn_backend.build_metadata(batch.attn_inputs)
+        metadata = self.attn_backend.build_metadata(
+            replace(batch.attn_inputs, kv_scales=self.kv_scales))
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, metadata)
         self._advance_computed(sched)
         if not batch.sampled_req_ids:

@@ -8,8 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lab.attention.base import AttentionInputs, AttentionSpec
-from lab.attention.mla import MLAWeights, mla_attention_spec, write_latent_cache
+from lab.attention.mla import MLAWeights, mla_attention_spec
 from lab.attention.torch_backend import TorchAttentionBackend
+from lab.kernels.mla_cache_write import write_latent_cache_ref
 from lab.layers.linear import Linear
 
 H, N, R, V, L = 4, 8, 4, 6, 12  # heads, nope, rope, v, kv_lora_rank
@@ -71,14 +72,14 @@ def test_paged_mla_equals_dense(reqs, block_size):
     spec = mla_attention_spec(H, L, N, R, V)
     nblk = [-(-(c + q) // block_size) for c, q in reqs]
     kv_spec = backend.kv_cache_spec(spec, block_size, torch.float32)
-    cache = backend.allocate_kv_cache(kv_spec, sum(nblk) + 2, 1, torch.device("cpu"))[0]
+    cache = backend.allocate_kv_cache(kv_spec, sum(nblk) + 2, 1, torch.device("cpu")).layers[0]
     perm = (torch.randperm(sum(nblk)) + 1).tolist()  # scattered physical blocks, 0 is null
     tables = [perm[sum(nblk[:i]): sum(nblk[:i + 1])] for i in range(len(reqs))]
     lat = [(torch.randn(c + q, L), torch.randn(c + q, R)) for c, q in reqs]
     for (c, _), table, (kv_c, k_pe) in zip(reqs, tables, lat):  # the cached context
         slots = torch.tensor([table[p // block_size] * block_size + p % block_size
                               for p in range(c)], dtype=torch.long)
-        write_latent_cache(cache, kv_c[:c], k_pe[:c], slots)
+        write_latent_cache_ref(cache, kv_c[:c], k_pe[:c], slots)
     t = sum(q for _, q in reqs)
     q_nope, q_pe = torch.randn(t + 1, H, N), torch.randn(t + 1, H, R)
     new = [(a[c:], b[c:]) for (a, b), (c, _) in zip(lat, reqs)]  # this step's tokens + 1 padding
@@ -109,7 +110,7 @@ def test_latent_cache_spec_and_layout():
     assert gqa.layer_shape(10) == (2, 10, 4, 2, 8)  # other kinds keep the split K/V layout
     cache = torch.zeros(3, 4, L + R)
     kv_c, k_pe = torch.randn(2, L), torch.randn(2, R)
-    write_latent_cache(cache, kv_c, k_pe, torch.tensor([5, -1]))
+    write_latent_cache_ref(cache, kv_c, k_pe, torch.tensor([5, -1]))
     torch.testing.assert_close(cache[1, 1], torch.cat((kv_c[0], k_pe[0])))
     assert cache.count_nonzero() == L + R  # only slot 5 written
     with pytest.raises(ValueError, match="num_kv_heads=1"):

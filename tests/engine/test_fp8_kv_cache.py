@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lab import LLM, SamplingParams
-from lab.attention.base import FP8_KV_DTYPE
+from lab.kernels.fp8_kv import FP8_KV_DTYPE
 from tests.options import model_for, options
 
 PROMPT_LENS = [5, 17, 30, 9]
@@ -50,8 +50,8 @@ def test_triton_equals_torch_reference_under_fp8(attention):
     assert ref.engine.executor.worker.runner.kv_caches[0].dtype == FP8_KV_DTYPE
     tri = _fp8(model, attention=attention, kernels=kernels, num_gpu_blocks=64)
     want, got = _greedy(ref), _greedy(tri)
-    scales_ref = ref.engine.executor.worker.attn_backend.kv_scales
-    scales_tri = tri.engine.executor.worker.attn_backend.kv_scales
+    scales_ref = ref.engine.executor.worker.runner.kv_scales.scales
+    scales_tri = tri.engine.executor.worker.runner.kv_scales.scales
     print(f"{model}/{attention} fp8 scales (layer x [K|kv_c, V|k_pe]):\n{scales_tri.tolist()}")
     assert torch.equal(scales_ref, scales_tri)  # same calibration
     assert got == want

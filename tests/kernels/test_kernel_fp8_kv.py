@@ -1,5 +1,5 @@
 """fp8 (e4m3fn) KV cache: every KV-write and attention kernel with an fp8 cache vs its reference,
-plus CPU checks of the quantize / dequantize math (lab/attention/base.py).
+plus CPU checks of the quantize / dequantize math (lab/kernels/fp8_kv.py).
 
 Writes must be bit-identical to the references (same IEEE division, clamp and round-to-nearest-
 even); attention kernels compare with fp32 queries (interpreter on CPU; "ieee" dots) against the
@@ -13,17 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lab.kernels  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before kernel modules load)
-from lab.attention.base import (
+from lab.attention.base import kv_cache_torch_dtype
+from lab.kernels.fp8_kv import (
     FP8_KV_DTYPE,
     KV_SCALE_HEADROOM,
     calibrate_kv_scale,
     dequantize_kv_ref,
-    kv_cache_torch_dtype,
     quantize_kv_ref,
 )
-from lab.attention.mla import write_latent_cache as write_latent_cache_ref
 from lab.kernels.kv_cache_write import write_kv_cache, write_kv_cache_ref
-from lab.kernels.mla_cache_write import write_latent_cache
+from lab.kernels.mla_cache_write import write_latent_cache, write_latent_cache_ref
 from lab.kernels.mla_decode import mla_decode_attention, mla_decode_attention_ref
 from lab.kernels.paged_decode import paged_decode_attention, paged_decode_attention_ref
 from lab.kernels.paged_prefill import paged_attention, paged_attention_ref

@@ -1,5 +1,5 @@
 """MLA latent-cache write kernel (Triton interpreter on CPU) against the PyTorch reference of the
-torch backend (`lab.attention.mla.write_latent_cache`), bit-exact in fp32/fp16."""
+torch backend (`write_latent_cache_ref`, beside it), bit-exact in fp32/fp16."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from omegaconf import OmegaConf
 
 from lab.layers.activation import SiluAndMul
 from lab.layers.norm import RMSNorm
-from lab.layers.ops import LayerOps, TorchOps, TritonOps, auto_ops
+from lab.layers.ops import OPS, LayerOps, TorchOps, TritonOps, auto_ops
 from lab.layers.rotary import RotaryEmbedding
 from lab.models.loader import load_model
 from lab.models.tiny import ensure_tiny_model
@@ -61,6 +62,19 @@ def test_every_layer_holds_the_models_ops(tiny):
     assert len(layers) == 2 * 5 + 2 and all(m.ops is ops for m in layers)
     default, _ = load_model(tiny("tiny_llama"), DenseCausalBackend(), torch.float32, "cpu")
     assert isinstance(default.ops, TorchOps)
+
+
+def _positional(fn) -> list[str]:
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds]
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
+def test_each_op_binds_a_reference_and_a_kernel_of_one_signature(op):
+    """One table row per op: both implementations exist and take the same positional args."""
+    ref, tri = getattr(TorchOps(), op.name), getattr(TritonOps(), op.name)
+    assert (ref.path, tri.path) == (op.reference, op.triton) and ref.__doc__ == op.doc
+    assert _positional(ref.resolve()) == _positional(tri.resolve())
 
 
 def test_auto_ops_follows_the_device():

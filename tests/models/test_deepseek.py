@@ -34,7 +34,8 @@ def prefill_logits(model, backend, ids: list[int], block_size: int = 4,
     t = len(ids)
     nblk = -(-t // block_size)
     kv_spec = backend.kv_cache_spec(model.attention_spec, block_size, dtype)
-    caches = backend.allocate_kv_cache(kv_spec, nblk + 3, model.num_layers, torch.device("cpu"))
+    caches = backend.allocate_kv_cache(kv_spec, nblk + 3, model.num_layers,
+                                       torch.device("cpu")).layers
     table = list(range(nblk + 2, 2, -1))[:nblk]
     slots = [table[p // block_size] * block_size + p % block_size for p in range(t)]
     inputs = AttentionInputs(

@@ -3,6 +3,8 @@ layouts it stores, fused-layer scale reconciliation, refusals, and the Hydra gro
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -237,3 +239,15 @@ def test_w4a16_refuses_deepseek_layer_by_name():
     with pytest.raises(ValueError, match=r"q_b_proj: input size 48 is not a multiple"):
         load(tiny("tiny_deepseek"), W4A16Config(group_size=32, experts="dense"),
              backend=TorchAttentionBackend())
+
+
+def test_bind_returns_a_bound_copy_and_leaves_the_config_unchanged():
+    config = Fp8Config()
+    before = dict(vars(config))
+    ckpt = SimpleNamespace(quantization_config={"quant_method": "fp8", "ignored_layers": ["o_proj"]})
+    ops = TorchOps()
+    bound = config.bind(ckpt, ops)
+    assert bound is not config and isinstance(bound, Fp8Config)
+    assert (bound.ops, bound.serialized, bound.ignored) == (ops, True, ("o_proj",))
+    assert vars(config) == before  # the Hydra-built option is never mutated
+    assert config.bind(SimpleNamespace(), ops).serialized is False
