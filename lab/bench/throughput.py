@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from lab import LLM, SamplingParams
-from lab.models.tiny import PRESETS, ensure_tiny_model
+from lab.models.tiny import ensure_tiny_model, preset_names
 
 
 def make_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
@@ -91,7 +91,7 @@ def match_rate(a: list[list[int]], b: list[list[int]]) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default="bench_llama", help=f"preset ({', '.join(PRESETS)}) or dir")
+    p.add_argument("--model", default="bench_llama", help=f"preset ({', '.join(preset_names())}) or dir")
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from lab.attention.base import AttentionBackend
+from lab.attention.base import AttentionBackend, AttentionSpec
 from lab.attention.mla import MLAWeights, mla_attention_spec
 from lab.layers.decoder import DecoderStack, GatedMLP, PreNormDecoderLayer, check_silu
 from lab.layers.embedding import Embedding, LMHead
@@ -45,8 +45,9 @@ from lab.layers.moe import (
     expert_param_name,
 )
 from lab.layers.norm import RMSNorm
-from lab.layers.ops import LayerOps, TorchOps
+from lab.layers.ops import LayerOps
 from lab.layers.rotary import RotaryEmbedding, rope_parameters
+from lab.models.base import CausalLM
 from lab.models.weight_utils import StackedMapping, WeightCheck
 
 STACKED = StackedMapping((("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)))
@@ -172,7 +173,7 @@ class DeepseekModel(DecoderStack):
 
 
 
-class DeepseekV2ForCausalLM(nn.Module):
+class DeepseekV2ForCausalLM(CausalLM):
     """DeepSeek-V2 (and V2-Lite / V2.5): MLA + softmax-routed MoE, interleaved (gptj) rope."""
 
     # linears a quant method must leave dense (lab/quant/base.py): MLA reads kv_b_proj's weight
@@ -198,15 +199,16 @@ class DeepseekV2ForCausalLM(nn.Module):
             cfg.n_group if grouped else None, cfg.topk_group if grouped else None,
             cfg.routed_scaling_factor)
 
-    def __init__(self, hf_config, attn_backend: AttentionBackend, ops: LayerOps | None = None):
-        super().__init__()
-        cfg = self.config = hf_config
-        self.ops = ops or TorchOps()
-        self.attention_spec = mla_attention_spec(
+    @classmethod
+    def attention_spec_for(cls, hf_config) -> AttentionSpec:
+        cfg = hf_config
+        return mla_attention_spec(
             cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
             cfg.v_head_dim)
-        attn_backend.check_supported(self.attention_spec)
-        self.num_layers = cfg.num_hidden_layers
+
+    def __init__(self, hf_config, attn_backend: AttentionBackend, ops: LayerOps | None = None):
+        super().__init__(hf_config, attn_backend, ops)
+        cfg = hf_config
         self.num_extra_layers = getattr(cfg, "num_nextn_predict_layers", 0) or 0  # V3's MTP
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         self.model = DeepseekModel(cfg, attn_backend, self.rope_style(cfg), self.make_gate, self.ops)

@@ -21,8 +21,9 @@ from lab.layers.decoder import DecoderStack, GatedMLP, PreNormDecoderLayer, chec
 from lab.layers.embedding import Embedding, LMHead
 from lab.layers.linear import Linear, QKVLinear, default_weight_loader
 from lab.layers.norm import RMSNorm
-from lab.layers.ops import LayerOps, TorchOps
+from lab.layers.ops import LayerOps
 from lab.layers.rotary import RotaryEmbedding
+from lab.models.base import CausalLM
 from lab.models.weight_utils import StackedMapping, WeightCheck
 
 STACKED = StackedMapping(
@@ -113,7 +114,7 @@ class LlamaModel(DecoderStack):
 
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """A Llama-layout causal LM run on a flat token batch with paged attention."""
 
     @classmethod
@@ -122,18 +123,18 @@ class LlamaForCausalLM(nn.Module):
         bias = bool(getattr(cfg, "attention_bias", False))
         return LlamaArch(bias, bias, bool(getattr(cfg, "mlp_bias", False)))
 
+    @classmethod
+    def attention_spec_for(cls, hf_config) -> AttentionSpec:
+        cfg = hf_config
+        return AttentionSpec(
+            cfg.num_attention_heads, cfg.num_key_value_heads, head_dim_of(cfg), kind="gqa"
+        )
+
     def __init__(
         self, hf_config, attn_backend: AttentionBackend, ops: LayerOps | None = None
     ):
-        super().__init__()
+        super().__init__(hf_config, attn_backend, ops)
         cfg = hf_config
-        self.config = cfg
-        self.ops = ops or TorchOps()
-        self.attention_spec = AttentionSpec(
-            cfg.num_attention_heads, cfg.num_key_value_heads, head_dim_of(cfg), kind="gqa"
-        )
-        attn_backend.check_supported(self.attention_spec)
-        self.num_layers = cfg.num_hidden_layers
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         self.model = LlamaModel(cfg, self.arch(cfg), attn_backend, self.ops)
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size)

@@ -1,6 +1,8 @@
 """Build a model from a Hugging Face checkpoint directory and load its safetensors weights.
 
-The one lookup table of the project lives here: HF `architectures` -> model class.
+The model class comes from the one lookup table, HF `architectures` -> class
+(lab/models/registry.py); the attention backend is checked against the model's attention spec
+here, once, before any layer is built.
 """
 
 from __future__ import annotations
@@ -9,29 +11,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from lab.attention.base import AttentionBackend
 from lab.layers.ops import LayerOps, TorchOps
-from lab.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
-from lab.models.llama import (
-    LlamaForCausalLM,
-    MistralForCausalLM,
-    Qwen2ForCausalLM,
-    Qwen3ForCausalLM,
-)
+from lab.models.base import CausalLM
+from lab.models.registry import model_class
 from lab.models.weight_utils import safetensors_weights
 from lab.quant.base import QuantConfig
 from lab.quant.none import NoQuantConfig
-
-ARCHITECTURES: dict[str, type[nn.Module]] = {
-    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
-    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": MistralForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-}
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -42,17 +29,6 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "bf16": torch.bfloat16,
 }
-
-
-def model_class(hf_config) -> type[nn.Module]:
-    """The model class for the config's `architectures`; ValueError naming the supported ones."""
-    archs = list(getattr(hf_config, "architectures", None) or [])
-    for arch in archs:
-        if arch in ARCHITECTURES:
-            return ARCHITECTURES[arch]
-    raise ValueError(
-        f"unsupported architecture {archs or None} (supported: {', '.join(sorted(ARCHITECTURES))})"
-    )
 
 
 def config_dtype(hf_config) -> torch.dtype:
@@ -87,15 +63,17 @@ def default_dtype(dtype: torch.dtype):
 def load_model(
     path: str | Path, attn_backend: AttentionBackend, dtype: torch.dtype,
     device: str | torch.device, ops: LayerOps | None = None, quant: QuantConfig | None = None,
-) -> tuple[nn.Module, object]:
+) -> tuple[CausalLM, object]:
     """Build the model for the checkpoint at `path` on `device` in `dtype` and load its weights
     strictly (ValueError naming every missing, unexpected or mis-shaped tensor). `ops` (the
     `kernels` group) computes norm/rotary/activation and the quantized GEMMs; None means
-    TorchOps. `quant` (the `quant` group) gives each linear its method; None: unquantized."""
+    TorchOps. `quant` (the `quant` group) gives each linear its method; None: unquantized.
+    ValueError when `attn_backend` does not implement the model's attention kind."""
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(path)
     cls = model_class(hf_config)
+    attn_backend.check_supported(cls.attention_spec_for(hf_config))
     ops = ops or TorchOps()
     quant = quant or NoQuantConfig()
     quant = quant.bind(hf_config, ops)

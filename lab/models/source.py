@@ -15,19 +15,24 @@ class ModelSource(ABC):
 
 
 class TinyModelSource(ModelSource):
-    """A generated tiny checkpoint (see lab.models.tiny.PRESETS), cached on disk."""
+    """A generated tiny checkpoint, cached on disk. preset: its architecture + HF config fields
+    (conf/model/<name>.yaml's `preset:`, which Hydra passes; None: read from that file)."""
 
-    def __init__(self, name: str, cache_dir: str | None = None) -> None:
-        from lab.models.tiny import preset
+    def __init__(self, name: str, cache_dir: str | None = None, preset=None) -> None:
+        from omegaconf import OmegaConf
 
-        preset(name)  # fail early on an unknown preset
+        from lab.models.tiny import preset as conf_preset
+
+        if preset is None:
+            preset = conf_preset(name)  # fails early on an unknown preset
         self.name = name
         self.cache_dir = cache_dir
+        self.preset = OmegaConf.to_container(preset) if OmegaConf.is_config(preset) else dict(preset)
 
     def path(self) -> Path:
         from lab.models.tiny import ensure_tiny_model
 
-        return ensure_tiny_model(self.name, self.cache_dir)
+        return ensure_tiny_model(self.name, self.cache_dir, self.preset)
 
     def __repr__(self) -> str:
         return f"TinyModelSource({self.name!r})"

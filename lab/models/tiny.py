@@ -1,8 +1,9 @@
 """Tiny real Hugging Face checkpoints, generated deterministically and cached on disk.
 
-A preset is a plain dict (architecture + config fields). `ensure_tiny_model(name)` generates it
-once into `<cache>/<name>-<hash of preset + GENERATOR_VERSION>` (temp dir + atomic rename, so
-parallel processes are safe) and reuses it afterwards.
+A preset is a plain dict (architecture + HF config fields), defined once: the `preset:` mapping
+of conf/model/<name>.yaml (the `model` option of the same name builds a TinyModelSource from it).
+`ensure_tiny_model(name)` generates it once into `<cache>/<name>-<hash of preset +
+GENERATOR_VERSION>` (temp dir + atomic rename, so parallel processes are safe) and reuses it.
 
 Weights are re-drawn from a seeded generator so that logits are decisive (greedy ties are rare):
 linears std 1/sqrt(fan_in), embedding std 1, untied lm_head std 4/sqrt(hidden), norm weights
@@ -44,58 +45,32 @@ SPLIT_REGEX = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
-_TINY = dict(intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048, dtype="float32")
-# DeepSeek (MLA + MoE): yarn with mscale != mscale_all_dim, so both the cos/sin attention factor
-# and the softmax mscale^2 differ from 1; n_group 2 / topk_group 1 routes within half the experts.
-_DEEPSEEK = dict(
-    hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
-    kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=8,
-    num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
-    n_group=2, topk_group=1, vocab_size=512, max_position_embeddings=2048,
-    tie_word_embeddings=False, dtype="float32",
-    rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
-                         original_max_position_embeddings=512, mscale=1.0, mscale_all_dim=0.707,
-                         beta_fast=32, beta_slow=1),
-)
-PRESETS: dict[str, dict] = {
-    "tiny_llama": dict(_TINY, architecture="LlamaForCausalLM", model_type="llama", hidden_size=64,
-                       head_dim=16, rope_theta=10000.0, tie_word_embeddings=False),
-    "tiny_qwen3": dict(_TINY, architecture="Qwen3ForCausalLM", model_type="qwen3", hidden_size=64,
-                       head_dim=32, rope_theta=1000000.0, tie_word_embeddings=False),
-    "tiny_qwen2": dict(_TINY, architecture="Qwen2ForCausalLM", model_type="qwen2", hidden_size=64,
-                       rope_theta=1000000.0, tie_word_embeddings=True),
-    "tiny_deepseek": dict(_DEEPSEEK, architecture="DeepseekV2ForCausalLM", model_type="deepseek_v2",
-                          num_hidden_layers=3, q_lora_rank=48, topk_method="group_limited_greedy",
-                          routed_scaling_factor=1.5),
-    "tiny_deepseek_lite": dict(_DEEPSEEK, architecture="DeepseekV2ForCausalLM",
-                               model_type="deepseek_v2", num_hidden_layers=2, q_lora_rank=None,
-                               topk_method="greedy"),
-    "tiny_deepseek_v3": dict(_DEEPSEEK, architecture="DeepseekV3ForCausalLM", model_type="deepseek_v3",
-                             num_hidden_layers=3, q_lora_rank=48, norm_topk_prob=True,
-                             routed_scaling_factor=2.5),
-    "bench_llama": dict(architecture="LlamaForCausalLM", model_type="llama", hidden_size=512,
-                        intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
-                        num_key_value_heads=2, vocab_size=16384, max_position_embeddings=4096,
-                        rope_theta=10000.0, tie_word_embeddings=False, dtype="bfloat16"),
-    "bench_qwen3_06b": dict(architecture="Qwen3ForCausalLM", model_type="qwen3", hidden_size=1024,
-                            intermediate_size=3072, num_hidden_layers=12, num_attention_heads=16,
-                            num_key_value_heads=8, head_dim=128, vocab_size=16384,
-                            max_position_embeddings=40960, rope_theta=1000000.0,
-                            tie_word_embeddings=True, dtype="bfloat16"),
-}
+MODEL_CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"  # the `model` group
+
+
+def preset_names() -> list[str]:
+    """The `model` options that are tiny presets (conf/model/*.yaml with a `preset:`), sorted."""
+    return [p.stem for p in sorted(MODEL_CONF_DIR.glob("*.yaml")) if "preset" in _option(p.stem)]
 
 
 def preset(name: str) -> dict:
-    """The preset's spec; ValueError listing the presets when unknown."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown tiny model {name!r} (presets: {', '.join(PRESETS)})")
-    return dict(PRESETS[name])
+    """The preset of conf/model/<name>.yaml as a plain dict; ValueError listing the presets when
+    there is none."""
+    option = _option(name) if (MODEL_CONF_DIR / f"{name}.yaml").is_file() else {}
+    if "preset" not in option:
+        raise ValueError(f"unknown tiny model {name!r} (presets: {', '.join(preset_names())})")
+    return option["preset"]
 
 
-def preset_hash(name: str) -> str:
-    """Short hash of the preset spec and the generator version (names the cache entry)."""
-    blob = json.dumps({"spec": preset(name), "version": GENERATOR_VERSION}, sort_keys=True)
+def _option(name: str) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(MODEL_CONF_DIR / f"{name}.yaml"))
+
+
+def preset_hash(spec: dict) -> str:
+    """Short hash of a preset spec and the generator version (names the cache entry)."""
+    blob = json.dumps({"spec": spec, "version": GENERATOR_VERSION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
@@ -105,16 +80,20 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "lab" / "models"
 
 
-def ensure_tiny_model(name: str, cache_dir: str | Path | None = None) -> Path:
-    """The directory of the preset's checkpoint, generating it on first use."""
+def ensure_tiny_model(
+    name: str, cache_dir: str | Path | None = None, spec: dict | None = None
+) -> Path:
+    """The directory of the preset's checkpoint, generating it on first use. spec: the preset's
+    fields (None: conf/model/<name>.yaml's)."""
+    spec = preset(name) if spec is None else spec
     root = Path(cache_dir) if cache_dir else default_cache_dir()
-    final = root / f"{name}-{preset_hash(name)}"
+    final = root / f"{name}-{preset_hash(spec)}"
     if (final / "config.json").exists():
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
     try:
-        generate_tiny_model(name, tmp)
+        generate_tiny_model(name, tmp, spec=spec)
         os.rename(tmp, final)
     except OSError:
         if not (final / "config.json").exists():  # not a lost race: a real failure
@@ -124,10 +103,14 @@ def ensure_tiny_model(name: str, cache_dir: str | Path | None = None) -> Path:
     return final
 
 
-def generate_tiny_model(name: str, out_dir: str | Path, max_shard_size: str | int | None = None) -> Path:
-    """Write the preset's checkpoint + tokenizer into out_dir (sharded if max_shard_size is set)."""
+def generate_tiny_model(
+    name: str, out_dir: str | Path, max_shard_size: str | int | None = None,
+    spec: dict | None = None,
+) -> Path:
+    """Write the preset's checkpoint + tokenizer into out_dir (sharded if max_shard_size is set).
+    spec: the preset's fields (None: conf/model/<name>.yaml's)."""
     out = Path(out_dir)
-    spec = preset(name)
+    spec = preset(name) if spec is None else spec
     model = build_hf_model(spec)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size is not None else {}
     model.save_pretrained(out, safe_serialization=True, **kwargs)

@@ -97,7 +97,6 @@ class Worker:
         self.weight_bytes = weight_bytes(self.model)
         log.info("model weights: %.2f MiB (quant=%s)", self.weight_bytes / 2**20,
                  getattr(self.quant, "name", "none"))
-        self.attn_backend.check_supported(self.model.attention_spec)
 
     def model_info(self) -> ModelInfo:
         eos = getattr(self.hf_config, "eos_token_id", None)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lab.models.loader import ARCHITECTURES, load_model, resolve_dtype
+from lab.models.loader import load_model, resolve_dtype
+from lab.models.registry import ARCHITECTURES
 from lab.models.tiny import generate_tiny_model
 from tests.models.conftest import DenseCausalBackend
 

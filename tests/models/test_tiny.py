@@ -9,10 +9,18 @@ from transformers import AutoTokenizer
 
 from lab.models.loader import load_model
 from lab.models.source import HFModelSource, TinyModelSource
-from lab.models.tiny import BOS_ID, EOS_ID, PRESETS, ensure_tiny_model, generate_tiny_model
+from lab.models.tiny import (
+    BOS_ID,
+    EOS_ID,
+    ensure_tiny_model,
+    generate_tiny_model,
+    preset,
+    preset_hash,
+    preset_names,
+)
 from lab.models.tokenizer import load_tokenizer
 from tests.models.conftest import DenseCausalBackend, run_model
-from tests.options import tiny_models
+from tests.options import build, tiny_models
 
 
 def test_generation_is_deterministic(tmp_path):
@@ -32,7 +40,28 @@ def test_ensure_reuses_and_rejects_unknown(tmp_path, tiny_path):
     assert first.name.startswith("tiny_llama-") and not list(tmp_path.glob(".tiny_llama-*"))
     with pytest.raises(ValueError, match="bench_qwen3_06b"):
         ensure_tiny_model("nope", tmp_path)
-    assert set(PRESETS) >= {"tiny_llama", "tiny_qwen3", "tiny_qwen2", "bench_llama", "bench_qwen3_06b"}
+    assert set(preset_names()) >= {"tiny_llama", "tiny_qwen3", "tiny_qwen2", "bench_llama", "bench_qwen3_06b"}
+
+
+# The presets' cache entries when they were Python dicts (GENERATOR_VERSION 3): read from
+# conf/model/*.yaml they must hash the same, so the checkpoints stay byte-identical and the caches
+# are reused. A deliberate change of a preset (or of the generator) updates its entry.
+PINNED_HASHES = {
+    "tiny_llama": "523db1760b", "tiny_qwen3": "e56b77b71f", "tiny_qwen2": "283e00be79",
+    "tiny_deepseek": "397de48e37", "tiny_deepseek_lite": "2cd907e523",
+    "tiny_deepseek_v3": "fecaa4a656", "bench_llama": "6869fcfd7d", "bench_qwen3_06b": "2e518231d1",
+}
+
+
+@pytest.mark.parametrize("name", PINNED_HASHES)
+def test_presets_keep_their_checkpoints(name):
+    assert preset_hash(preset(name)) == PINNED_HASHES[name]
+
+
+def test_model_option_builds_its_preset(tmp_path):
+    assert build("model", "tiny_llama").preset == preset("tiny_llama")
+    wider = build("model", "tiny_llama", preset={"hidden_size": 128}, cache_dir=str(tmp_path))
+    assert wider.preset == {**preset("tiny_llama"), "hidden_size": 128}
 
 
 @pytest.mark.parametrize("name", tiny_models())
