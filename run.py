@@ -43,7 +43,7 @@ def main(cfg: DictConfig) -> None:
         loggers = [instantiate(c) for c in (cfg.logger or {}).values()]
         engine = LLMEngine(cfg, loggers=loggers)
         requests = instantiate(cfg.workload).requests(
-            engine.hf_config.vocab_size, engine.eos_token_id, interpreted=triton_interpreted())
+            engine.hf_config.vocab_size, engine.eos_token_id, interpreted=engine.triton_interpreted)
     with failure_marked(run_dir, "run"):
         for logger in loggers:
             logger.on_start(run_dir, OmegaConf.to_container(cfg, resolve=True), len(requests))
@@ -63,13 +63,6 @@ def failure_marked(run_dir: Path, stage: str) -> Iterator[None]:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / SUMMARY_FILE).write_text(json.dumps(record, indent=2) + "\n")
         raise
-
-
-def triton_interpreted() -> bool:
-    """Whether this run's Triton kernels run in Triton's interpreter: a kernel module was loaded
-    (importing lab.kernels switches the interpreter on when there is no CUDA) and it is on."""
-    kernels = sys.modules.get("lab.kernels")
-    return kernels is not None and kernels.interpreter_active()
 
 
 if __name__ == "__main__":

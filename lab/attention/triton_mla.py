@@ -75,7 +75,6 @@ class TritonMLABackend(SplitKVDecode, MLAAttentionMixin, AttentionBackend):
         self._num_heads = 1
 
     def kv_cache_spec(self, spec: AttentionSpec, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
-        self.check_supported(spec)
         self.refuse_interpreter_bf16(dtype)
         self._num_heads = spec.num_heads
         return super().kv_cache_spec(spec, block_size, dtype)

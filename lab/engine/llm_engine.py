@@ -7,6 +7,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import import_module
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig
@@ -35,7 +36,11 @@ class LLMEngine:
     ) -> None:
         validate_config(cfg)  # every knob named with its allowed values before anything is built
         self.cfg = cfg
-        self.executor = instantiate(cfg.executor)(config=worker_config(cfg))
+        wc = worker_config(cfg)
+        self.executor = instantiate(cfg.executor)(config=wc)
+        # whether this run's Triton kernels run in Triton's interpreter (slow: smaller workloads)
+        self.triton_interpreted = self.executor.runs_kernels and uses_triton(wc) and (
+            import_module("lab.kernels").warn_if_interpreted())
         self.clock = self.executor.clock  # one clock for engine, core and scheduler
         info = self.model_info = self.executor.model_info()
         self.hf_config = info.hf_config
@@ -224,6 +229,13 @@ class LLMEngine:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+
+def uses_triton(wc: WorkerConfig) -> bool:
+    """Whether the worker launches Triton kernels: a triton_* attention backend, or layer ops
+    bound to Triton (kernels=triton, or auto on CUDA)."""
+    return (str(getattr(wc.attention, "name", "")).startswith("triton")
+            or getattr(wc.kernels, "name", "") == "triton")
 
 
 def worker_config(cfg: DictConfig) -> WorkerConfig:

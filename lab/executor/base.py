@@ -37,6 +37,8 @@ class Executor(ABC):
 
     #: the engine's clock (see lab/clock.py); the simulator replaces it with a VirtualClock
     clock: Clock = Clock()
+    #: False for executors that launch no kernels (the simulator)
+    runs_kernels: bool = True
 
     @abstractmethod
     def model_info(self) -> ModelInfo:

@@ -38,9 +38,17 @@ def _interpret_loaded_triton_language() -> None:
 if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "1"
     _interpret_loaded_triton_language()
-    logging.getLogger("lab").warning(
-        "no CUDA: Triton kernels run in Triton's interpreter (slow; fp32/fp16 only)"
-    )
+
+
+def warn_if_interpreted() -> bool:
+    """Log (once per call site that asks) that Triton kernels will run in the interpreter;
+    returns whether they will. The engine asks when its run launches Triton kernels (the PyTorch
+    references beside them import this package too, without launching anything)."""
+    if interpreter_active():
+        logging.getLogger("lab").warning(
+            "no CUDA: Triton kernels run in Triton's interpreter (slow; fp32/fp16 only)")
+        return True
+    return False
 
 
 def interpreter_active() -> bool:

@@ -5,6 +5,7 @@ still fits, no SLO is set by default, and runs through Triton's interpreter repl
 import math
 
 import pytest
+import torch
 from hydra.utils import instantiate
 
 from lab.engine.config import compose_config
@@ -67,3 +68,14 @@ def test_the_default_run_preempts_and_priority_serves_priority_0_first():
         assert summary.num_preemptions > 0 and summary.num_requests == DEFAULT_NUM_REQUESTS
         ttft[scheduler] = [summary.ttft_by_priority[p]["p50"] for p in ("0", "1", "2")]
     assert ttft["priority"] == sorted(ttft["priority"]) and ttft["priority"][0] < ttft["fcfs"][0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs only without CUDA")
+@pytest.mark.parametrize(("overrides", "interpreted"), [
+    ([], False), (["kernels=triton"], True), (["attention=triton_flash"], True),
+])
+def test_only_runs_that_launch_triton_kernels_count_as_interpreted(overrides, interpreted):
+    """The PyTorch references live beside the kernels (lab/kernels), so importing them must not
+    make a torch-only run count as interpreted (it replayed half the default workload)."""
+    engine = LLMEngine(compose_config(overrides + ["num_gpu_blocks=16"]))
+    assert engine.triton_interpreted is interpreted
