@@ -23,6 +23,10 @@ class Clock:
         if seconds > 0:
             time.sleep(seconds)
 
+    def sleep_until(self, deadline: float) -> None:
+        """Wait until now() >= deadline (nothing when it is already past)."""
+        self.sleep(deadline - self.now())
+
 
 class VirtualClock(Clock):
     """Time that moves only when told: `advance` (a simulated step) or `sleep` (idle wait)."""
@@ -41,3 +45,8 @@ class VirtualClock(Clock):
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
             self._now += seconds
+
+    def sleep_until(self, deadline: float) -> None:
+        """Jump to `deadline` exactly: `now + (deadline - now)` can round below it, and a
+        waiter comparing now() with its deadline would then wait forever."""
+        self._now = max(self._now, float(deadline))

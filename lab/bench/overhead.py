@@ -2,10 +2,17 @@
 
     python -m lab.bench.overhead                      # 1000 requests, 4 arrivals per step
     python -m lab.bench.overhead --requests 2000 --max-num-seqs 512
+    python -m lab.bench.overhead --sim-running 10000  # engine steps/s, 10k requests decoding
 
 The trace follows the vLLM comparison in the engine issue: prompts uniform in [32, 512], outputs
 uniform in [16, 256], 4 arrivals per step, max_num_seqs 256, greedy, ignore_eos. The executor is
-`SimExecutor` (no model), so the time is the scheduler + KV-cache manager + request bookkeeping.
+`SimExecutor` (no model, zero step time), so the time is the scheduler + KV-cache manager +
+request bookkeeping.
+
+`--sim-running N` measures whole engine steps (LLMEngine.step: schedule, simulated execute,
+update, statistics) per second of wall time under `executor=sim` with N requests admitted and
+decoding at once (max_num_seqs N, every prompt prefilled in one step, blocks for all): how
+fast the simulator goes at the scale of a large serving study.
 """
 
 from __future__ import annotations
@@ -17,10 +24,14 @@ import time
 
 from lab.cache.hashing import make_block_hasher
 from lab.cache.manager import KVCacheManager
+from lab.engine.config import compose_config
+from lab.engine.llm_engine import LLMEngine, RequestSpec
 from lab.engine.request import Request
 from lab.executor.sim import SimExecutor
 from lab.sampling.params import SamplingParams
 from lab.scheduler import FCFSQueue, RecomputePreemption, Scheduler, SchedulerConfig
+from lab.sim.step_time.constant import ConstantStepTime
+from lab.worker.config import WorkerConfig
 
 
 def make_trace(n: int, seed: int, vocab: int = 32000) -> list[tuple[list[int], int]]:
@@ -29,11 +40,19 @@ def make_trace(n: int, seed: int, vocab: int = 32000) -> list[tuple[list[int], i
             for _ in range(n)]
 
 
+def bench_executor() -> SimExecutor:
+    """A SimExecutor of tiny_llama's shape that takes no (virtual) time per step."""
+    from lab.models.tiny import ensure_tiny_model
+
+    config = WorkerConfig(model_path=ensure_tiny_model("tiny_llama"), attention=None, kernels=None)
+    return SimExecutor(config, ConstantStepTime(0.0))
+
+
 def run(args: argparse.Namespace) -> dict[str, float]:
     kv = KVCacheManager(args.num_blocks, args.block_size, args.max_model_len, enable_caching=True)
     sched = Scheduler(SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens,
                                       args.max_model_len), kv, FCFSQueue(), RecomputePreemption())
-    executor = SimExecutor(args.num_blocks)
+    executor = bench_executor()
     hasher = make_block_hasher(args.block_size)
     trace = make_trace(args.requests, args.seed)
     times, batch = [], []
@@ -59,6 +78,32 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             "total_s": sum(times)}
 
 
+def run_sim_running(n: int, steps: int, prompt_len: int = 32, seed: int = 0) -> dict[str, float]:
+    """Engine steps/s under executor=sim with `n` requests decoding at once."""
+    max_tokens = steps + 8  # every prompt is prefilled in the first step (budget below)
+    per_req = -(-(prompt_len + max_tokens) // 16)
+    cfg = compose_config([
+        "executor=sim", "sim/step_time=constant", "logger=[]", "model=tiny_llama",
+        f"max_num_seqs={n}", f"max_num_batched_tokens={n * prompt_len}",
+        f"num_gpu_blocks={n * per_req + 1}", f"seed={seed}"])
+    engine = LLMEngine(cfg)
+    rng = random.Random(seed)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    engine.add_requests([RequestSpec([rng.randrange(3, 512) for _ in range(prompt_len)], params)
+                         for _ in range(n)])
+    while engine.scheduler.num_waiting or any(  # admit and prefill every request
+            r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
+        engine.step()
+    if len(engine.scheduler.running) != n:
+        raise RuntimeError(f"{len(engine.scheduler.running)} of {n} requests running")
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    wall = time.perf_counter() - t0
+    return {"running": n, "steps": steps, "steps_per_s": steps / wall,
+            "tokens_per_s": steps * n / wall, "ms_per_step": 1e3 * wall / steps}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--requests", type=int, default=1000)
@@ -69,7 +114,17 @@ def main() -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-blocks", type=int, default=16384)
     p.add_argument("--seed", type=int, default=0)
-    r = run(p.parse_args())
+    p.add_argument("--sim-running", type=int, default=0, metavar="N",
+                   help="engine steps/s with N requests decoding under executor=sim")
+    p.add_argument("--sim-steps", type=int, default=50, help="steps timed with --sim-running")
+    args = p.parse_args()
+    if args.sim_running:
+        r = run_sim_running(args.sim_running, args.sim_steps, seed=args.seed)
+        print(f"executor=sim, {r['running']} requests decoding: {r['steps_per_s']:.2f} engine "
+              f"steps/s ({r['ms_per_step']:.1f} ms per step, {r['tokens_per_s']:.0f} simulated "
+              f"tokens/s of wall time) over {r['steps']} steps")
+        return
+    r = run(args)
     print(f"steps {r['steps']}  mean batch {r['mean_batch']:.1f}  schedule+update per step: "
           f"mean {r['mean_ms']:.2f} ms  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
           f"(total {r['total_s']:.2f} s)")

@@ -10,7 +10,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-GROUPS = ("model", "attention", "kernels", "quant", "scheduler", "preemption", "cache", "workload", "executor", "logger")
+GROUPS = ("model", "attention", "kernels", "quant", "scheduler", "preemption", "cache", "workload",
+          "executor", "logger", "sim/step_time")
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
@@ -30,6 +31,12 @@ def declared_knobs() -> dict[str, Any]:
 def is_known_setting(key: str) -> bool:
     """Whether a top-level key is a config group, `hydra`, or a declared knob."""
     return key in GROUPS or key == "hydra" or key in declared_knobs()
+
+
+def nested_groups(key: str) -> set[str]:
+    """The keys of a knob block that are config groups: {"step_time"} for `sim` (the group
+    `sim/step_time` lives at `sim.step_time`)."""
+    return {g.split("/", 1)[1] for g in GROUPS if g.startswith(f"{key}/")}
 
 
 def set_knobs(cfg: DictConfig, knobs: dict[str, object]) -> DictConfig:

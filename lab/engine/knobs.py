@@ -25,9 +25,11 @@ from omegaconf import DictConfig, OmegaConf
 from lab.engine.config import (
     declared_knobs,
     is_known_setting,
+    nested_groups,
     unknown_setting_message,
 )
 from lab.models.loader import DTYPES
+from lab.sim.device import DEVICES
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("slo.ttft_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
     Knob("slo.tpot_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
     Knob("slo.e2e_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
+    Knob("sim.device", f"one of {', '.join(DEVICES)} (the device executor=sim simulates)",
+         lambda v: isinstance(v, str) and v.lower() in DEVICES),
 )
 
 
@@ -109,14 +113,14 @@ def validate_config(cfg: DictConfig) -> None:
 
 def check_known_keys(cfg: DictConfig) -> None:
     """Every top-level key is a group or a knob of conf/config.yaml; every key of a knob's block
-    (slo) is one conf/config.yaml has."""
+    (slo, sim) is one conf/config.yaml has, or a config group nested in it (sim.step_time)."""
     declared = declared_knobs()
     for key in cfg:
         if not is_known_setting(key):
             raise ValueError(unknown_setting_message(key, list(declared))
                              + " (a +key=value override adds a key that nothing reads)")
         if isinstance(declared.get(key), dict):
-            extra = sorted(set(cfg[key] or {}) - set(declared[key]))
+            extra = sorted(set(cfg[key] or {}) - set(declared[key]) - nested_groups(key))
             if extra:
                 raise ValueError(f"unknown setting '{key}.{extra[0]}': the keys of {key} are "
                                  f"{', '.join(declared[key])}")

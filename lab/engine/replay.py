@@ -44,14 +44,14 @@ def _replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> tuple[float, 
     start = clock.now()
     i, rejected = 0, 0
     while i < len(pending) or engine.has_unfinished_requests():
-        now = clock.now() - start
-        while i < len(pending) and pending[i].arrival_time <= now:
+        now = clock.now()  # arrivals compared as absolute times: sleep_until reaches them
+        while i < len(pending) and start + pending[i].arrival_time <= now:
             rejected += _submit(engine, pending[i], start)
             i += 1
         if engine.has_unfinished_requests():
             engine.step()
         elif i < len(pending):
-            clock.sleep(pending[i].arrival_time - (clock.now() - start))
+            clock.sleep_until(start + pending[i].arrival_time)
     return clock.now() - start, rejected
 
 

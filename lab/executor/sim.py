@@ -1,57 +1,187 @@
-"""`executor=sim`: no model — a stand-in worker that returns a token for every request whose
-prompt is caught up. Measures the engine's own overhead (scheduler, cache manager, stats) and
-lets scheduling policies be studied without a GPU. Tokens are a deterministic function of the
-request id and its length, so runs are reproducible."""
+"""`executor=sim`: the project's answer to Vidur — the same scheduler, cache manager, policies and
+statistics, driven by a step-time model instead of a GPU.
+
+No weights are loaded: the model is its config.json (a tiny embedded model, any checkpoint, or a
+config-only directory such as those `python -m lab.sim.configs` writes). The executor
+
+- describes the model from its config (lab/sim/model_shape.py): KV bytes per block in the run's
+  KV dtype, weight bytes (quantized linears at 1 or 0.5 bytes), the tokenizer when the directory
+  has one;
+- plans the cache as the simulated device would: `num_gpu_blocks` when set; on `sim.device=cpu`
+  the real CPU worker's rule (lab.worker.worker.cpu_kv_bytes); on a GPU memory x
+  gpu_memory_utilization - weights - an activation estimate;
+- executes a step by returning a token for every request whose prompt is caught up (a
+  deterministic function of the request id and its length that is never the EOS nor one of the
+  request's stop tokens, so outputs end by max_tokens) and advancing its virtual clock by the
+  step-time model's prediction plus the swap copies at the device's host-link bandwidth.
+
+    python run.py executor=sim                                  # tiny_llama on a simulated H100
+    python run.py executor=sim model=hf model.path=DIR sim.device=h200 sim/step_time=roofline
+"""
 
 from __future__ import annotations
 
+import logging
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
-from lab.executor.base import Executor
+from lab.clock import VirtualClock
+from lab.executor.base import Executor, ModelInfo
 from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
-from lab.worker.worker import CacheSizing
+from lab.sim.device import DeviceSpec, device_spec
+from lab.sim.model_shape import QUANT_WEIGHT_BYTES, ModelShape
+from lab.sim.step_time import SimTarget, StepTimeModel
+from lab.worker.config import WorkerConfig
+from lab.worker.worker import CacheSizing, cpu_kv_bytes
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class _SimState:
     num_tokens: int
     num_computed: int
+    forbidden: frozenset[int]  # token ids the rule must not produce (EOS, stop tokens)
 
 
 class SimExecutor(Executor):
-    """Executes SchedulerOutputs without a model (optionally with a fixed per-step cost)."""
+    """Executes SchedulerOutputs without a model, on a virtual clock."""
 
-    worker = None
+    def __init__(
+        self, config: WorkerConfig, step_time: StepTimeModel, device: str | DeviceSpec = "h100",
+    ) -> None:
+        from transformers import AutoConfig  # imported late: the bench imports this module
 
-    def __init__(self, num_blocks: int = 4096, vocab_size: int = 32000) -> None:
-        self.num_blocks = num_blocks
-        self.vocab_size = vocab_size
+        self.config = config
+        self.device = device_spec(device)
+        self.hf_config = AutoConfig.from_pretrained(config.model_path)
+        self.target = sim_target(self.hf_config, self.device, config)
+        self.step_time = step_time.bind(self.target)
+        self.clock = VirtualClock()
+        self.bytes_per_block = self.target.kv_bytes_per_token * config.block_size
+        self.num_blocks = 0
         self.states: dict[str, _SimState] = {}
+        eos = getattr(self.hf_config, "eos_token_id", None)
+        self.eos_ids = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        log.info("simulating %s on %s (%s): %.2f GiB of weights, %d KV bytes per token",
+                 Path(config.model_path).name, self.device.name, type(step_time).__name__,
+                 self.target.weight_bytes / 2**30, self.target.kv_bytes_per_token)
 
+    def model_info(self) -> ModelInfo:
+        path = Path(self.config.model_path)
+        eos = getattr(self.hf_config, "eos_token_id", None)
+        return ModelInfo(
+            hf_config=self.hf_config, vocab_size=self.hf_config.vocab_size,
+            eos_token_id=eos[0] if isinstance(eos, list) else eos,
+            bytes_per_block=self.bytes_per_block, weight_bytes=self.target.weight_bytes,
+            tokenizer_path=path if (path / "tokenizer.json").is_file() else None)
+
+    # -- the cache --------------------------------------------------------------------------
     def determine_num_blocks(self, sizing: CacheSizing) -> int:
-        return sizing.num_gpu_blocks or self.num_blocks
+        if sizing.num_gpu_blocks is not None:
+            return sizing.num_gpu_blocks
+        if self.device.is_cpu:
+            available = cpu_kv_bytes(sizing.cpu_kv_cache_gb, self.hf_config,
+                                     self.config.block_size, self.bytes_per_block)
+        else:
+            available = gpu_kv_bytes(self.target, sizing.gpu_memory_utilization,
+                                     self.config.max_num_batched_tokens, self.config.max_num_seqs)
+        num_blocks = available // self.bytes_per_block
+        if num_blocks < 2:
+            raise RuntimeError(
+                f"no memory left for the KV cache on the simulated {self.device.name} "
+                f"({available / 2**30:.4f} GiB available, {self.bytes_per_block} bytes per "
+                "block, 2 blocks at least): a larger sim.device, a smaller model, quant, or "
+                "num_gpu_blocks")
+        cap = self._max_useful_blocks()
+        if num_blocks > cap:
+            log.info("KV cache: %d blocks fit; simulating %d (max_num_seqs x the model's "
+                     "context)", num_blocks, cap)
+        return int(min(num_blocks, cap))
+
+    def _max_useful_blocks(self) -> int:
+        """max_num_seqs requests of the model's full context (+ the null block): a simulated
+        tiny model on a large GPU would get millions of blocks that no step can use (they
+        could only hold more prefix cache), and building their pool takes most of the run."""
+        from lab.engine.llm_engine import model_context_limit
+
+        per_request = -(-model_context_limit(self.hf_config) // self.config.block_size)
+        return self.config.max_num_seqs * per_request + 1
 
     def initialize_cache(
         self, num_blocks: int, max_model_len: int, num_swap_blocks: int = 0
     ) -> None:
         self.num_blocks = num_blocks
 
+    # -- steps ------------------------------------------------------------------------------
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        for rid in sched.finished_req_ids:
-            self.states.pop(rid, None)
-        for new in sched.scheduled_new_reqs:
-            self.states[new.req_id] = _SimState(len(new.prompt_token_ids), new.num_computed_tokens)
-        for cached in sched.scheduled_cached_reqs:
-            self.states[cached.req_id].num_computed = cached.num_computed_tokens
+        self._update_states(sched)
         sampled = {}
         for rid, n in sched.num_scheduled_tokens.items():
             state = self.states[rid]
             state.num_computed += n
             if state.num_computed >= state.num_tokens:
-                sampled[rid] = self._token(rid, state.num_tokens)
+                sampled[rid] = self._token(rid, state)
                 state.num_tokens += 1
+        self.clock.advance(self.step_seconds(sched))
         return ModelRunnerOutput(sampled)
 
-    def _token(self, rid: str, n: int) -> int:
-        return zlib.crc32(f"{rid}:{n}".encode()) % self.vocab_size
+    def step_seconds(self, sched: SchedulerOutput) -> float:
+        """The step's predicted time plus its swap copies over the host link."""
+        shape = sched.shape
+        swapped = (shape.swap_in_blocks + shape.swap_out_blocks) * self.bytes_per_block
+        return self.step_time.predict(shape) + swapped / self.device.host_link_bandwidth
+
+    def _update_states(self, sched: SchedulerOutput) -> None:
+        for rid in sched.finished_req_ids:
+            self.states.pop(rid, None)
+        for new in sched.scheduled_new_reqs:
+            forbidden = self.eos_ids | frozenset(new.sampling_params.stop_token_ids)
+            self.states[new.req_id] = _SimState(
+                len(new.prompt_token_ids), new.num_computed_tokens, forbidden)
+        for cached in sched.scheduled_cached_reqs:
+            self.states[cached.req_id].num_computed = cached.num_computed_tokens
+
+    def _token(self, rid: str, state: _SimState) -> int:
+        """A token id from (request id, length) that is none of the request's stop tokens."""
+        vocab = self.hf_config.vocab_size
+        salt = 0
+        while True:
+            token = zlib.crc32(f"{rid}:{state.num_tokens}:{salt}".encode()) % vocab
+            if token not in state.forbidden:
+                return token
+            salt += 1
+
+
+def sim_target(hf_config, device: DeviceSpec, config: WorkerConfig) -> SimTarget:
+    """The model's shape and byte widths as the run would have them on `device`: dtype auto is
+    fp32 on the cpu and the checkpoint's dtype on a GPU; cache.dtype fp8 stores 1-byte KV;
+    quant fp8/int8 (or an fp8 checkpoint) store 1-byte linear weights, w4a16 half a byte."""
+    from lab.attention.base import kv_cache_torch_dtype
+    from lab.models.loader import resolve_dtype
+
+    dtype = resolve_dtype(config.dtype, hf_config, "cpu" if device.is_cpu else "cuda")
+    kv_bytes = kv_cache_torch_dtype(config.kv_cache_dtype, dtype).itemsize
+    dtype_bytes = dtype.itemsize
+    return SimTarget(ModelShape.from_hf_config(hf_config), device, dtype_bytes,
+                     linear_weight_bytes(hf_config, config.quant, dtype_bytes), kv_bytes)
+
+
+def linear_weight_bytes(hf_config, quant, dtype_bytes: float) -> float:
+    """Bytes per linear weight: the `quant` option's, else the checkpoint's own
+    quantization_config (an fp8 checkpoint), else the model dtype's."""
+    name = getattr(quant, "name", "none")
+    if name == "none":
+        checkpoint = getattr(hf_config, "quantization_config", None) or {}
+        if not isinstance(checkpoint, dict):
+            checkpoint = checkpoint.to_dict()
+        name = checkpoint.get("quant_method", "none")
+    return QUANT_WEIGHT_BYTES.get(name, dtype_bytes)
+
+
+def gpu_kv_bytes(target: SimTarget, utilization: float, max_tokens: int, max_seqs: int) -> int:
+    """What a GPU worker would leave for the KV cache: memory x utilization - weights - the
+    activations of a max-size step (Worker._profile_cuda_memory measures these)."""
+    activations = target.model.activation_bytes(max_tokens, max_seqs, target.dtype_bytes)
+    return int(target.device.memory_bytes * utilization - target.weight_bytes - activations)

@@ -66,6 +66,21 @@ def check_cuda_device(device: str, index: int | None) -> None:
                          f"device(s), cuda:0 .. cuda:{count - 1}")
 
 
+def cpu_kv_bytes(
+    cpu_kv_cache_gb: float | None, hf_config, block_size: int, bytes_per_block: int,
+) -> int:
+    """KV-cache bytes on a CPU: `cpu_kv_cache_gb` GiB; null: the smallest cache that admits any
+    request the model takes (max_position_embeddings tokens + the null block), at most
+    CPU_AUTO_KV_CAP_GB. The embedded tiny models (2048 positions) get 129 blocks of 16 tokens,
+    so the default workload, whose requests together want more, preempts. The real CPU worker
+    and the simulator (`executor=sim sim.device=cpu`) both size their cache with it."""
+    if cpu_kv_cache_gb is not None:
+        return int(cpu_kv_cache_gb * 2**30)
+    context = getattr(hf_config, "max_position_embeddings", None) or 2048
+    blocks = -(-context // block_size) + 1
+    return min(blocks * bytes_per_block, int(CPU_AUTO_KV_CAP_GB * 2**30))
+
+
 class Worker:
     """Loads the model on its device and runs steps through its ModelRunner."""
 
@@ -134,15 +149,7 @@ class Worker:
         return int(num_blocks)
 
     def _cpu_kv_bytes(self, cpu_kv_cache_gb: float | None) -> int:
-        """`cpu_kv_cache_gb` GiB; null: the smallest cache that admits any request the model
-        takes (max_position_embeddings tokens + the null block), at most CPU_AUTO_KV_CAP_GB.
-        The embedded tiny models (2048 positions) get 129 blocks of 16 tokens, so the default
-        workload, whose requests together want more, preempts."""
-        if cpu_kv_cache_gb is not None:
-            return int(cpu_kv_cache_gb * 2**30)
-        context = getattr(self.hf_config, "max_position_embeddings", None) or 2048
-        blocks = -(-context // self.block_size) + 1
-        return min(blocks * self.bytes_per_block, int(CPU_AUTO_KV_CAP_GB * 2**30))
+        return cpu_kv_bytes(cpu_kv_cache_gb, self.hf_config, self.block_size, self.bytes_per_block)
 
     def _profile_cuda_memory(self, utilization: float) -> int:
         """Run a dummy max-size forward, measure the peak, and leave the rest for the cache."""

@@ -4,8 +4,9 @@ import subprocess
 import sys
 
 import pytest
-from hydra.errors import ConfigCompositionException
+from hydra.errors import ConfigCompositionException, InstantiationException
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from lab.engine.config import CONF_DIR, GROUPS, compose_config, set_knobs
 from lab.metrics.base import StatLogger
@@ -13,7 +14,8 @@ from tests.options import options
 
 SINGLE = [g for g in GROUPS if g != "logger"]
 OPTIONS = [(g, p.stem) for g in SINGLE for p in sorted((CONF_DIR / g).glob("*.yaml"))]
-EXTRA = {"model": {"hf": ["model.path=/nonexistent"]}}
+EXTRA = {"model": {"hf": ["model.path=/nonexistent"]},
+         "sim/step_time": {"profiled": ["sim.step_time.path=/nonexistent.json"]}}
 PARTIAL_ARGS = {"cache": dict(num_blocks=8, max_model_len=64)}
 BASE = {"cache": "lab.cache.manager.KVCacheManager"}
 
@@ -22,11 +24,15 @@ BASE = {"cache": "lab.cache.manager.KVCacheManager"}
 def test_every_option_instantiates(group, option):
     overrides = [f"{group}={option}", *EXTRA.get(group, {}).get(option, [])]
     cfg = compose_config(overrides)
-    node = cfg[group]
+    node = OmegaConf.select(cfg, group.replace("/", "."))  # sim/step_time lives at sim.step_time
     assert "_target_" in node
     if group == "model" and option == "hf":
         with pytest.raises(FileNotFoundError, match="/nonexistent"):
             instantiate(node).path()
+        return
+    if group == "sim/step_time" and option == "profiled":
+        with pytest.raises(InstantiationException, match="no such profile"):
+            instantiate(node)
         return
     obj = instantiate(node)
     if group in PARTIAL_ARGS:
@@ -40,7 +46,7 @@ def test_every_option_instantiates(group, option):
 
 def _package(group: str) -> str:
     return {"model": "models", "workload": "workloads", "preemption": "scheduler",
-            "executor": "executor", "kernels": "layers"}.get(group, group)
+            "executor": "executor", "kernels": "layers"}.get(group, group.replace("/", "."))
 
 
 def test_loggers_compose_together():

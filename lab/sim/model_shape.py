@@ -1,0 +1,246 @@
+"""A model's shape from its Hugging Face config alone (no weights): parameter counts (total and
+active per token), FLOPs per token, KV-cache bytes per token. What the simulator plans its cache
+and predicts its step times from.
+
+Families: Llama-style (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with per-head q/k norms) and
+DeepSeek (MLA attention, MoE MLP). Counts follow lab's own models (lab/models), which hold the
+same parameters as the transformers ones, except that DeepSeek-V3's router correction bias is a
+parameter in lab and a buffer in transformers.
+
+Per decoder layer, a Llama-style model holds
+
+    | q, k, v, o projections | gate, up, down (MLP) | 2 RMSNorms | (q/k norms, biases) |
+
+and a DeepSeek layer
+
+    | q (or q_a, q_a_norm, q_b) | kv_a_with_mqa, kv_a_norm, kv_b | o | dense MLP or MoE | 2 norms |
+
+where a layer is MoE iff experts exist, layer >= first_k_dense_replace and
+layer % moe_layer_freq == 0 (lab/models/deepseek.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: bytes per linear-layer weight element under each `quant` option (none: the model dtype)
+QUANT_WEIGHT_BYTES = {"fp8": 1.0, "int8": 1.0, "w4a16": 0.5}
+
+
+def _get(cfg: Any, name: str, default: Any = None) -> Any:
+    value = getattr(cfg, name, default)
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The counts of a decoder-only transformer that step times and memory depend on."""
+
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int  # q/k/v head width (Llama-style); MLA: qk_nope + qk_rope
+    intermediate_size: int  # dense MLP
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    # MLA (DeepSeek): kv_lora_rank > 0
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # MoE (DeepSeek)
+    n_routed_experts: int = 0
+    num_experts_per_tok: int = 0
+    n_shared_experts: int = 0
+    moe_intermediate_size: int = 0
+    first_k_dense_replace: int = 0
+    moe_layer_freq: int = 1
+    router_bias: bool = False  # V3 (noaux_tc routing): e_score_correction_bias [E]
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, cfg: Any) -> ModelShape:
+        """From a transformers PretrainedConfig (or anything with its attributes)."""
+        heads = cfg.num_attention_heads
+        common = dict(
+            num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size,
+            vocab_size=cfg.vocab_size, num_heads=heads,
+            num_kv_heads=_get(cfg, "num_key_value_heads", heads),
+            intermediate_size=cfg.intermediate_size,
+            tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings", False)))
+        if _get(cfg, "kv_lora_rank", 0):
+            return cls._deepseek(cfg, common)
+        model_type = _get(cfg, "model_type", "llama")
+        bias = bool(_get(cfg, "attention_bias", False))
+        return cls(**common, head_dim=_get(cfg, "head_dim", cfg.hidden_size // heads),
+                   qkv_bias=bias or model_type == "qwen2", o_bias=bias,
+                   qk_norm=model_type == "qwen3")
+
+    @classmethod
+    def _deepseek(cls, cfg: Any, common: dict) -> ModelShape:
+        nope, rope = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+        experts = _get(cfg, "n_routed_experts", 0)
+        return cls(
+            **common, head_dim=nope + rope, kv_lora_rank=cfg.kv_lora_rank,
+            q_lora_rank=_get(cfg, "q_lora_rank", 0), qk_nope_head_dim=nope,
+            qk_rope_head_dim=rope, v_head_dim=cfg.v_head_dim,
+            qkv_bias=bool(_get(cfg, "attention_bias", False)),
+            o_bias=bool(_get(cfg, "attention_bias", False)),
+            n_routed_experts=experts, num_experts_per_tok=_get(cfg, "num_experts_per_tok", 0),
+            n_shared_experts=_get(cfg, "n_shared_experts", 0),
+            moe_intermediate_size=_get(cfg, "moe_intermediate_size", 0),
+            first_k_dense_replace=_get(cfg, "first_k_dense_replace", 0),
+            moe_layer_freq=_get(cfg, "moe_layer_freq", 1),
+            router_bias=bool(experts) and "DeepseekV3ForCausalLM" in (
+                _get(cfg, "architectures", []) or []))
+
+    # -- structure --------------------------------------------------------------------------
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return bool(self.n_routed_experts) and layer >= self.first_k_dense_replace and (
+            layer % self.moe_layer_freq == 0)
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    # -- parameters -------------------------------------------------------------------------
+    def attention_linear_params(self) -> int:
+        """Weights of one layer's attention projections (biases excluded)."""
+        h, heads = self.hidden_size, self.num_heads
+        if not self.is_mla:
+            q, kv = heads * self.head_dim, self.num_kv_heads * self.head_dim
+            return h * q + 2 * h * kv + q * h
+        q_out = heads * self.head_dim
+        q = h * self.q_lora_rank + self.q_lora_rank * q_out if self.q_lora_rank else h * q_out
+        kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+        kv_b = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv_a + kv_b + heads * self.v_head_dim * h
+
+    def attention_small_params(self) -> int:
+        """Biases and norms of one layer's attention (not linear weights)."""
+        heads = self.num_heads
+        if not self.is_mla:
+            n = self.qkv_bias * (heads + 2 * self.num_kv_heads) * self.head_dim
+            n += self.o_bias * self.hidden_size + self.qk_norm * 2 * self.head_dim
+            return n
+        n = self.q_lora_rank + self.kv_lora_rank  # q_a_layernorm (if any), kv_a_layernorm
+        if self.qkv_bias:  # attention_bias: on q_a (with a q LoRA), kv_a and o
+            n += self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim
+        return n + self.o_bias * self.hidden_size
+
+    def mlp_params(self, layer: int) -> tuple[int, int, int]:
+        """(dense-path weights, routed-expert weights, router params) of one layer's MLP."""
+        h = self.hidden_size
+        if not self.is_moe_layer(layer):
+            return 3 * h * self.intermediate_size, 0, 0
+        expert = 3 * h * self.moe_intermediate_size
+        shared = self.n_shared_experts * expert
+        router = self.n_routed_experts * h + self.router_bias * self.n_routed_experts
+        return shared, self.n_routed_experts * expert, router
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def linear_params(self) -> tuple[int, int]:
+        """(dense linear weights of all layers, routed-expert weights of all layers); excludes
+        the embedding and LM head."""
+        dense = routed = 0
+        for layer in range(self.num_layers):
+            mlp, experts, _ = self.mlp_params(layer)
+            dense += self.attention_linear_params() + mlp
+            routed += experts
+        return dense, routed
+
+    def small_params(self) -> int:
+        """Norms, biases and routers: parameters that are not linear weights or embeddings."""
+        per_layer = 2 * self.hidden_size + self.attention_small_params()
+        routers = sum(self.mlp_params(i)[2] for i in range(self.num_layers))
+        return self.num_layers * per_layer + routers + self.hidden_size  # + final norm
+
+    @property
+    def num_params(self) -> int:
+        """Every parameter (tied embeddings counted once)."""
+        dense, routed = self.linear_params()
+        head = 0 if self.tie_word_embeddings else self.lm_head_params
+        return self.embedding_params + head + dense + routed + self.small_params()
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one routed expert."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def active_linear_params(self) -> int:
+        """Linear weights one token multiplies through (top-k experts of each MoE layer; the LM
+        head excluded: only sampled positions reach it)."""
+        dense, _ = self.linear_params()
+        return dense + self.num_moe_layers * self.num_experts_per_tok * self.expert_params
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token uses: active linears, LM head, its embedding row, the rest."""
+        return (self.active_linear_params + self.lm_head_params + self.hidden_size
+                + self.small_params())
+
+    def weight_bytes(self, dtype_bytes: float, linear_bytes: float | None = None) -> int:
+        """Bytes of the parameters: linear weights (experts included) at `linear_bytes` each
+        (quantized; default `dtype_bytes`), everything else at `dtype_bytes`."""
+        linear_bytes = dtype_bytes if linear_bytes is None else linear_bytes
+        dense, routed = self.linear_params()
+        head = 0 if self.tie_word_embeddings else self.lm_head_params
+        other = self.embedding_params + head + self.small_params()
+        return int(round((dense + routed) * linear_bytes + other * dtype_bytes))
+
+    # -- per token ----------------------------------------------------------------------------
+    def kv_bytes_per_token(self, kv_dtype_bytes: float) -> int:
+        """KV-cache bytes of one token over all layers: K and V of every KV head (GQA/MHA), or
+        one latent row kv_lora_rank + qk_rope_head_dim (MLA)."""
+        width = (self.kv_lora_rank + self.qk_rope_head_dim if self.is_mla
+                 else 2 * self.num_kv_heads * self.head_dim)
+        return int(self.num_layers * width * kv_dtype_bytes)
+
+    def attention_dims(self, decode: bool) -> tuple[int, int]:
+        """(query-key width, value width) per head and layer: what one query-key pair costs in
+        multiply-adds. MLA decodes in the latent space (weights absorbed: L + R and L) and
+        prefills expanded (nope + rope and v_head_dim), as vLLM's MLA does."""
+        if not self.is_mla:
+            return self.head_dim, self.head_dim
+        if decode:
+            return self.kv_lora_rank + self.qk_rope_head_dim, self.kv_lora_rank
+        return self.head_dim, self.v_head_dim
+
+    def attention_flops(self, pairs: int, decode: bool) -> float:
+        """FLOPs of `pairs` query-key pairs over all heads and layers (scores + weighted sum)."""
+        qk, v = self.attention_dims(decode)
+        return 2.0 * pairs * self.num_heads * (qk + v) * self.num_layers
+
+    def flops_per_token(self, context: int = 0) -> float:
+        """Forward FLOPs of one token attending to `context` keys: 2 x active linear params
+        + LM head + attention."""
+        linear = 2.0 * (self.active_linear_params + self.lm_head_params)
+        return linear + self.attention_flops(context, decode=True)
+
+    def activation_bytes(self, num_tokens: int, num_seqs: int, dtype_bytes: float) -> int:
+        """A rough peak of a step's activations: per token the residual stream, attention
+        inputs and outputs and the widest MLP hidden (gate + up), plus fp32 logits of one
+        sampled position per sequence."""
+        mlp = max(self.intermediate_size,
+                  self.moe_intermediate_size * (self.num_experts_per_tok + self.n_shared_experts))
+        attn = self.num_heads * self.head_dim + 2 * self.num_kv_heads * self.head_dim
+        per_token = 4 * self.hidden_size + attn + 2 * mlp
+        return int(num_tokens * per_token * dtype_bytes + num_seqs * self.vocab_size * 4)
