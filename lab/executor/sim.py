@@ -48,6 +48,8 @@ class _SimState:
 class SimExecutor(Executor):
     """Executes SchedulerOutputs without a model, on a virtual clock."""
 
+    runs_kernels = False
+
     def __init__(
         self, config: WorkerConfig, step_time: StepTimeModel, device: str | DeviceSpec = "h100",
     ) -> None:
