@@ -63,8 +63,12 @@ MODELS = {"tiny_llama": {"requests": 64, "blocks": 256},
 SMOKE = {"tiny_llama": {"requests": 8, "blocks": 64}}
 
 
-def run(run_dir: Path, overrides: list[str]) -> dict:
-    """`python run.py` into run_dir; its summary.json."""
+def run(run_dir: Path, overrides: list[str], reuse: bool = False) -> dict:
+    """`python run.py` into run_dir; its summary.json (`reuse`: an existing finished run's)."""
+    summary = run_dir / "summary.json"
+    if reuse and summary.is_file() and json.loads(summary.read_text()).get("status") == "finished":
+        print(f"  (reusing {run_dir})", flush=True)
+        return json.loads(summary.read_text())
     cmd = [sys.executable, "run.py", *overrides, "logger=[jsonl]", f"hydra.run.dir={run_dir}"]
     print("  $", " ".join(cmd[1:]), flush=True)
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -77,14 +81,14 @@ def has_override(overrides: list[str], key: str) -> bool:
     return any(o.startswith(f"{key}=") for o in overrides)
 
 
-def profile_model(model: str, size: dict, out: Path) -> Path:
+def profile_model(model: str, size: dict, out: Path, reuse: bool = False) -> Path:
     """Real profiling runs of `model`, then the fitted profile's path."""
     dirs = []
     for name, overrides in PROFILE:
         run_dir = out / "runs" / model / f"profile_{name}"
         run(run_dir, [f"model={model}", *REAL, *overrides,
                       f"workload.num_requests={size['requests']}",
-                      f"num_gpu_blocks={size['blocks']}"])
+                      f"num_gpu_blocks={size['blocks']}"], reuse)
         dirs.append(run_dir)
     path = out / f"profile_{model}.json"
     subprocess.run([sys.executable, "-m", "lab.sim.profile", *map(str, dirs), "-o", str(path)],
@@ -92,14 +96,14 @@ def profile_model(model: str, size: dict, out: Path) -> Path:
     return path
 
 
-def held_out(model: str, size: dict, profile: Path, out: Path) -> list[dict]:
+def held_out(model: str, size: dict, profile: Path, out: Path, reuse: bool = False) -> list[dict]:
     """Each held-out scenario real and simulated: one row per (scenario, metric)."""
     rows = []
     for name, overrides in HELD_OUT:
         common = [f"model={model}", *overrides, f"workload.num_requests={size['requests']}"]
         if not has_override(overrides, "num_gpu_blocks"):
             common.append(f"num_gpu_blocks={size['blocks']}")
-        real = run(out / "runs" / model / f"real_{name}", [*common, *REAL])
+        real = run(out / "runs" / model / f"real_{name}", [*common, *REAL], reuse)
         sim = run(out / "runs" / model / f"sim_{name}",
                   [*common, "executor=sim", "sim/step_time=profiled",
                    f"sim.step_time.path={profile}", "sim.device=cpu"])
@@ -136,6 +140,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--smoke", action="store_true", help="tiny_llama, 8 requests, 2 scenarios")
     p.add_argument("--models", nargs="*", help="default: tiny_llama bench_qwen3_06b")
+    p.add_argument("--reuse-real", action="store_true",
+                   help="keep finished real runs (profiling and held-out) in --out; refit the "
+                        "profiles and rerun only the simulations")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the other CPU studies: less noise
     sizes = SMOKE if args.smoke else MODELS
@@ -146,9 +153,9 @@ def main() -> None:
     for model in args.models or list(sizes):
         size = sizes.get(model, MODELS.get(model, {"requests": 16, "blocks": 256}))
         print(f"== {model}: profiling", flush=True)
-        profile = profile_model(model, size, args.out)
+        profile = profile_model(model, size, args.out, args.reuse_real)
         print(f"== {model}: held-out workloads, real and simulated", flush=True)
-        rows += held_out(model, size, profile, args.out)
+        rows += held_out(model, size, profile, args.out, args.reuse_real)
     write_table(rows, args.out)
 
 

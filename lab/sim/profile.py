@@ -5,8 +5,9 @@
     python run.py executor=sim sim/step_time=profiled sim.step_time.path=profile.json sim.device=cpu
 
 Each run directory's steps.jsonl gives one row per step: the step's shape (StepShape fields) and
-its measured time, schedule_time + execute_time + update_time. The fit is non-negative least
-squares over lab.sim.step_time.profiled.FEATURES; the JSON keeps the coefficients, the feature
+its measured time (`step_seconds`: the time since the previous step while the engine was busy,
+else schedule_time + execute_time + update_time). The fit is non-negative least squares of the
+relative error over lab.sim.step_time.profiled.FEATURES; the JSON keeps the coefficients, the feature
 names, where they were measured (model, device, dtype, attention, machine) and the fit's error.
 """
 
@@ -40,16 +41,25 @@ def step_shape(record: dict[str, Any]) -> StepShape:
         swap_out_blocks=record.get("swap_out_blocks", 0))
 
 
-def step_seconds(record: dict[str, Any]) -> float:
-    """A step's whole engine time: what the simulator's clock advances by."""
+def step_seconds(record: dict[str, Any], previous: dict[str, Any] | None = None) -> float:
+    """What the simulator's clock must advance by for this step: the time since the previous
+    step ended when the engine was busy in between (the whole loop: schedule, execute, update,
+    outputs, loggers, the replay), else (after an idle wait, or the first step) the step's own
+    schedule + execute + update time."""
+    busy = previous is not None and (previous["num_running_reqs"] + previous["num_waiting_reqs"]
+                                     + previous.get("num_swapped_reqs", 0)) > 0
+    if busy:
+        return record["time"] - previous["time"]
     return record["schedule_time"] + record["execute_time"] + record.get("update_time", 0.0)
 
 
 def load_steps(run_dir: Path, skip_first: int = 1) -> tuple[list[StepShape], list[float]]:
     """Shapes and times of a run's steps, without the first `skip_first` (warm-up)."""
     lines = (Path(run_dir) / STEPS_FILE).read_text().splitlines()
-    records = [json.loads(line) for line in lines if line.strip()][skip_first:]
-    return [step_shape(r) for r in records], [step_seconds(r) for r in records]
+    records = [json.loads(line) for line in lines if line.strip()]
+    previous = [None, *records[:-1]]
+    pairs = list(zip(records, previous))[skip_first:]
+    return [step_shape(r) for r, _ in pairs], [step_seconds(r, p) for r, p in pairs]
 
 
 def provenance(run_dirs: list[Path]) -> dict[str, Any]:

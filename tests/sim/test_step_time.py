@@ -124,7 +124,8 @@ def test_profile_cli_fits_run_dirs_and_profiled_loads_it(tmp_path, capsys):
                          "prefill_attention_pairs": s.prefill_attention_pairs,
                          "decode_context_tokens": s.decode_context_tokens,
                          "schedule_time": 0.25 * t, "execute_time": 0.5 * t,
-                         "update_time": 0.25 * t}) for s, t in zip(shapes, times)]
+                         "update_time": 0.25 * t, "time": 0.0, "num_running_reqs": 0,
+                         "num_waiting_reqs": 0}) for s, t in zip(shapes, times)]
     (run / "steps.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "profile.json"
     profile.main([str(run), "-o", str(out), "--skip-first", "0"])
@@ -143,3 +144,15 @@ def test_profiled_refuses_a_missing_path():
         ProfiledStepTime(None)
     with pytest.raises(FileNotFoundError, match="lab.sim.profile"):
         ProfiledStepTime("/nonexistent/profile.json")
+
+
+def test_a_busy_step_is_timed_from_the_previous_step_end():
+    """While requests are unfinished the engine loops without waiting: the whole gap between
+    step ends (outputs, loggers, the replay included) is the step's time; after an idle wait
+    only the step's own schedule + execute + update counts."""
+    idle = {"time": 1.0, "num_running_reqs": 0, "num_waiting_reqs": 0}
+    busy = {"time": 1.0, "num_running_reqs": 2, "num_waiting_reqs": 1}
+    step = {"time": 1.5, "schedule_time": 0.1, "execute_time": 0.2, "update_time": 0.1}
+    assert profile.step_seconds(step, busy) == pytest.approx(0.5)
+    assert profile.step_seconds(step, idle) == pytest.approx(0.4)
+    assert profile.step_seconds(step, None) == pytest.approx(0.4)
