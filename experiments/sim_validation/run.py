@@ -39,6 +39,11 @@ PROFILE = [
     ("prefill_heavy", ["workload.prompt_len={dist: uniform, min: 128, max: 400}",
                        "workload.output_len={dist: uniform, min: 2, max: 8}",
                        "workload.num_prefix_groups=0", "max_num_batched_tokens=512"]),
+    # many short prompts admitted together: separates the per-request cost of a prefill chunk
+    # from its per-token cost (long prefills alone leave the two collinear)
+    ("short_prefills", ["workload.prompt_len={dist: uniform, min: 8, max: 48}",
+                        "workload.output_len={dist: uniform, min: 4, max: 16}",
+                        "workload.num_prefix_groups=0"]),
     ("mixed_poisson", ["workload.arrival=poisson", "workload.rate=12",
                        "workload.prompt_len={dist: uniform, min: 16, max: 200}",
                        "workload.output_len={dist: uniform, min: 8, max: 64}",

@@ -205,6 +205,9 @@ class KVCacheManager:
                              "that hold none (new, preempted or swapped out)")
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_needed = min(num_computed + num_new_tokens, self.max_model_len)
+        held = self.req_to_blocks.get(rid)
+        if not hits and held is not None and len(held) * self.block_size >= num_needed:
+            return []  # the common decode step: its blocks already hold the new tokens
         self._check_hashes(request, min(num_needed, request.num_tokens))
         if self._num_blocks_to_allocate(rid, num_needed, hits) > self.num_free_blocks:
             return None
