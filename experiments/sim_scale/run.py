@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -28,18 +30,21 @@ from lab.workloads.synthetic import SyntheticWorkload  # noqa: E402
 
 SCHEDULERS = ("fcfs", "priority", "sjf", "fair")
 PREEMPTIONS = ("recompute", "swap")
-RATES = (4, 8, 12, 16, 20, 24, 28, 32, 40)  # requests/s; roofline capacity ~25 req/s
+RATES = (16, 32, 48, 64)  # requests/s: from light load to past the roofline capacity
 FIELDS = ("output_throughput", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p99",
           "num_preemptions", "swap_out_blocks", "num_steps", "wall_time", "num_kv_blocks")
 
 
 def workload(n: int, rate: float, seed: int) -> SyntheticWorkload:
-    """Long prompts and outputs: 512 running requests want more KV than the H100 holds, so heavy
-    load preempts; 3 priority classes and 4 clients for the priority and fair policies."""
+    """Prompts ~512 tokens (lognormal, up to 2048), outputs 16-512: at high load up to 1024
+    running requests (max_num_seqs) want more KV than the H100 holds (~460k tokens), so it
+    preempts; 3 priority classes and 4 clients
+    for the priority and fair policies. (Half the lengths of a chat trace, so that 10k requests
+    x 32 points simulate in about half an hour on two cores.)"""
     return SyntheticWorkload(
-        num_requests=n, prompt_len={"dist": "lognormal", "min": 32, "max": 4096, "mean": 1024,
-                                    "std": 512},
-        output_len={"dist": "uniform", "min": 32, "max": 1024}, arrival="poisson", rate=rate,
+        num_requests=n, prompt_len={"dist": "lognormal", "min": 32, "max": 2048, "mean": 512,
+                                    "std": 256},
+        output_len={"dist": "uniform", "min": 16, "max": 512}, arrival="poisson", rate=rate,
         num_priorities=3, num_clients=4, seed=seed)
 
 
@@ -48,12 +53,20 @@ def run_point(model_dir: Path, scheduler: str, preemption: str, rate: float, n: 
     cfg = compose_config([
         "executor=sim", "sim/step_time=roofline", f"sim.device={device}", "model=hf",
         f"model.path={model_dir}", f"scheduler={scheduler}", f"preemption={preemption}",
-        "max_num_seqs=512", "max_num_batched_tokens=8192", "logger=[]", f"seed={seed}"])
+        "max_num_seqs=1024", "max_num_batched_tokens=8192", "logger=[]", f"seed={seed}"])
     engine = LLMEngine(cfg)
     reqs = workload(n, rate, seed).requests(engine.model_info.vocab_size, engine.eos_token_id)
     summary = replay(engine, reqs).to_dict()
     return {"scheduler": scheduler, "preemption": preemption, "rate": rate,
             **{k: summary[k] for k in FIELDS}}
+
+
+def _run_and_print(point: tuple) -> dict:
+    r = run_point(*point)
+    print(f"{r['scheduler']:8s} {r['preemption']:9s} {r['rate']:5g} req/s: "
+          f"{r['output_throughput']:.0f} tok/s, TTFT p99 {r['ttft_p99']:.3f} s, "
+          f"TPOT p99 {r['tpot_p99']:.4f} s, {r['num_preemptions']} preemptions", flush=True)
+    return r
 
 
 def write_table(rows: list[dict], out: Path, header: str) -> None:
@@ -113,21 +126,19 @@ def main() -> None:
     p.add_argument("--device", default="h100")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="200 requests, rates 10 and 40")
+    p.add_argument("--jobs", type=int, default=1, help="points simulated in parallel processes")
     args = p.parse_args()
     if args.smoke:
         args.requests, args.rates = 200, [10.0, 40.0]
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir = write_configs(args.out / "configs", ["llama3_8b"])["llama3_8b"]
-    rows = []
-    for s in args.schedulers:
-        for pre in args.preemptions:
-            for rate in args.rates:
-                rows.append(run_point(model_dir, s, pre, rate, args.requests, args.device,
-                                      args.seed))
-                r = rows[-1]
-                print(f"{s:8s} {pre:9s} {rate:5g} req/s: {r['output_throughput']:.0f} tok/s, "
-                      f"TTFT p99 {r['ttft_p99']:.3f} s, TPOT p99 {r['tpot_p99']:.4f} s, "
-                      f"{r['num_preemptions']} preemptions", flush=True)
+    points = [(model_dir, s, pre, rate, args.requests, args.device, args.seed)
+              for s in args.schedulers for pre in args.preemptions for rate in args.rates]
+    start = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(pool.map(_run_and_print, points))
+    print(f"{len(rows)} points, {args.requests} requests each: "
+          f"{time.perf_counter() - start:.0f} s wall with {args.jobs} process(es)", flush=True)
     title = (f"SIMULATED Llama-3-8B on {args.device.upper()} (roofline), "
              f"{args.requests} requests per point")
     write_table(rows, args.out, f"# {title}")
