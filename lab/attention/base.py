@@ -66,6 +66,12 @@ class AttentionSpec:
                 f"(got num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim})"
             )
 
+    @property
+    def kv_elems_per_token(self) -> int:
+        """Cache elements one token takes in one layer: K and V of every KV head, or MLA's one
+        latent row (kv_c | k_pe). What every backend's KV bytes and the simulator's follow."""
+        return self.head_dim if self.kind == "mla" else 2 * self.num_kv_heads * self.head_dim
+
 
 @dataclass(frozen=True)
 class KVCacheSpec:
@@ -243,7 +249,7 @@ class PagedKVBackend(AttentionBackend):
         return KVCacheSpec(
             block_shape=(block_size, spec.num_kv_heads, spec.head_dim),
             dtype=dtype,
-            bytes_per_token=2 * spec.num_kv_heads * spec.head_dim * elem,
+            bytes_per_token=spec.kv_elems_per_token * elem,
             block_size=block_size,
             leading=(2,),
         )

@@ -51,7 +51,7 @@ def mla_attention_spec(
 
 def mla_kv_cache_spec(spec: AttentionSpec, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
     """Per layer (num_blocks, block_size, L + R): one latent row per token, no K/V split."""
-    width = spec.kv_lora_rank + spec.qk_rope_head_dim
+    width = spec.kv_elems_per_token  # L + R
     elem = torch.empty((), dtype=dtype).element_size()
     return KVCacheSpec(
         block_shape=(block_size, width), dtype=dtype, bytes_per_token=width * elem,

@@ -3,9 +3,10 @@ active per token), FLOPs per token, KV-cache bytes per token. What the simulator
 and predicts its step times from.
 
 Families: Llama-style (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with per-head q/k norms) and
-DeepSeek (MLA attention, MoE MLP). Counts follow lab's own models (lab/models), which hold the
-same parameters as the transformers ones, except that DeepSeek-V3's router correction bias is a
-parameter in lab and a buffer in transformers.
+DeepSeek (MLA attention, MoE MLP). What differs between families is asked of lab's own model
+classes (lab/models/registry.py): the attention spec (`attention_spec_for`, whose
+`kv_elems_per_token` the backends size the cache by), a Llama family's `arch` (biases, q/k
+norms) and a MoE model's router (`make_gate`), so the counts equal the loaded models'.
 
 Per decoder layer, a Llama-style model holds
 
@@ -48,6 +49,8 @@ class ModelShape:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
+    mlp_bias: bool = False
+    kv_elems_per_token: int = 0  # per layer (AttentionSpec.kv_elems_per_token)
     # MLA (DeepSeek): kv_lora_rank > 0
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
@@ -61,31 +64,33 @@ class ModelShape:
     moe_intermediate_size: int = 0
     first_k_dense_replace: int = 0
     moe_layer_freq: int = 1
-    router_bias: bool = False  # V3 (noaux_tc routing): e_score_correction_bias [E]
+    router_params: int = 0  # of one MoE layer's router (V3's correction bias included)
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
     def from_hf_config(cls, cfg: Any) -> ModelShape:
-        """From a transformers PretrainedConfig (or anything with its attributes)."""
-        heads = cfg.num_attention_heads
+        """From a transformers PretrainedConfig of an architecture lab supports."""
+        from lab.models.registry import model_class  # torch and the model code: imported late
+
+        model = model_class(cfg)
+        spec = model.attention_spec_for(cfg)
         common = dict(
             num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size,
-            vocab_size=cfg.vocab_size, num_heads=heads,
-            num_kv_heads=_get(cfg, "num_key_value_heads", heads),
-            intermediate_size=cfg.intermediate_size,
-            tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings", False)))
-        if _get(cfg, "kv_lora_rank", 0):
-            return cls._deepseek(cfg, common)
-        model_type = _get(cfg, "model_type", "llama")
-        bias = bool(_get(cfg, "attention_bias", False))
-        return cls(**common, head_dim=_get(cfg, "head_dim", cfg.hidden_size // heads),
-                   qkv_bias=bias or model_type == "qwen2", o_bias=bias,
-                   qk_norm=model_type == "qwen3")
+            vocab_size=cfg.vocab_size, num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads, intermediate_size=cfg.intermediate_size,
+            tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings", False)),
+            kv_elems_per_token=spec.kv_elems_per_token)
+        if spec.kind == "mla":
+            return cls._deepseek(cfg, model, common)
+        arch = model.arch(cfg)
+        return cls(**common, head_dim=spec.head_dim, qkv_bias=arch.qkv_bias, o_bias=arch.o_bias,
+                   qk_norm=arch.qk_norm, mlp_bias=arch.mlp_bias)
 
     @classmethod
-    def _deepseek(cls, cfg: Any, common: dict) -> ModelShape:
+    def _deepseek(cls, cfg: Any, model: type, common: dict) -> ModelShape:
         nope, rope = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
         experts = _get(cfg, "n_routed_experts", 0)
+        router = sum(p.numel() for p in model.make_gate(cfg).parameters()) if experts else 0
         return cls(
             **common, head_dim=nope + rope, kv_lora_rank=cfg.kv_lora_rank,
             q_lora_rank=_get(cfg, "q_lora_rank", 0), qk_nope_head_dim=nope,
@@ -96,9 +101,7 @@ class ModelShape:
             n_shared_experts=_get(cfg, "n_shared_experts", 0),
             moe_intermediate_size=_get(cfg, "moe_intermediate_size", 0),
             first_k_dense_replace=_get(cfg, "first_k_dense_replace", 0),
-            moe_layer_freq=_get(cfg, "moe_layer_freq", 1),
-            router_bias=bool(experts) and "DeepseekV3ForCausalLM" in (
-                _get(cfg, "architectures", []) or []))
+            moe_layer_freq=_get(cfg, "moe_layer_freq", 1), router_params=router)
 
     # -- structure --------------------------------------------------------------------------
     @property
@@ -145,8 +148,7 @@ class ModelShape:
             return 3 * h * self.intermediate_size, 0, 0
         expert = 3 * h * self.moe_intermediate_size
         shared = self.n_shared_experts * expert
-        router = self.n_routed_experts * h + self.router_bias * self.n_routed_experts
-        return shared, self.n_routed_experts * expert, router
+        return shared, self.n_routed_experts * expert, self.router_params
 
     @property
     def embedding_params(self) -> int:
@@ -169,7 +171,10 @@ class ModelShape:
     def small_params(self) -> int:
         """Norms, biases and routers: parameters that are not linear weights or embeddings."""
         per_layer = 2 * self.hidden_size + self.attention_small_params()
-        routers = sum(self.mlp_params(i)[2] for i in range(self.num_layers))
+        mlp_biases = self.mlp_bias * sum(2 * self.intermediate_size + self.hidden_size
+                                         for i in range(self.num_layers)
+                                         if not self.is_moe_layer(i))
+        routers = sum(self.mlp_params(i)[2] for i in range(self.num_layers)) + mlp_biases
         return self.num_layers * per_layer + routers + self.hidden_size  # + final norm
 
     @property
@@ -208,11 +213,9 @@ class ModelShape:
 
     # -- per token ----------------------------------------------------------------------------
     def kv_bytes_per_token(self, kv_dtype_bytes: float) -> int:
-        """KV-cache bytes of one token over all layers: K and V of every KV head (GQA/MHA), or
-        one latent row kv_lora_rank + qk_rope_head_dim (MLA)."""
-        width = (self.kv_lora_rank + self.qk_rope_head_dim if self.is_mla
-                 else 2 * self.num_kv_heads * self.head_dim)
-        return int(self.num_layers * width * kv_dtype_bytes)
+        """KV-cache bytes of one token over all layers (the attention spec's elements per token:
+        K and V of every KV head, or MLA's latent row)."""
+        return int(self.num_layers * self.kv_elems_per_token * kv_dtype_bytes)
 
     def attention_dims(self, decode: bool) -> tuple[int, int]:
         """(query-key width, value width) per head and layer: what one query-key pair costs in

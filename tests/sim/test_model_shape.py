@@ -49,7 +49,7 @@ def _small_moe() -> dict:
                 num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None, qk_nope_head_dim=16,
                 qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
                 n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
-                num_hidden_layers=3, vocab_size=512)
+                num_hidden_layers=3, vocab_size=512, architectures=["DeepseekV2ForCausalLM"])
 
 
 def test_published_sizes_of_real_models(tmp_path):

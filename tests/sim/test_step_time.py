@@ -18,7 +18,7 @@ from lab.sim.step_time.roofline import RooflineStepTime
 # 2 layers, hidden 4, vocab 10, 2 heads of 2 over 1 KV head, MLP 8: per layer q 16 + k,v 16 +
 # o 16 + MLP 96 = 144 linear weights; LM head 40; norms 2 x 2 x 4 + 4 = 20.
 TOY = ModelShape(num_layers=2, hidden_size=4, vocab_size=10, num_heads=2, num_kv_heads=1,
-                 head_dim=2, intermediate_size=8)
+                 head_dim=2, intermediate_size=8, kv_elems_per_token=2 * 1 * 2)
 DEVICE = DeviceSpec("toy", peak_flops=1000.0, mem_bandwidth=100.0, memory_bytes=10**6,
                     host_link_bandwidth=10.0)
 TARGET = SimTarget(TOY, DEVICE, dtype_bytes=2, linear_bytes=1, kv_dtype_bytes=1)
@@ -64,7 +64,8 @@ def test_roofline_prefill_step_by_hand():
 
 def test_roofline_reads_only_the_experts_the_tokens_touch():
     moe = ModelShape(num_layers=2, hidden_size=4, vocab_size=10, num_heads=2, num_kv_heads=2,
-                     head_dim=2, intermediate_size=8, kv_lora_rank=0, n_routed_experts=8,
+                     head_dim=2, intermediate_size=8, kv_elems_per_token=2 * 2 * 2,
+                     kv_lora_rank=0, n_routed_experts=8,
                      num_experts_per_tok=2, moe_intermediate_size=2, first_k_dense_replace=1)
     model = ROOF.bind(SimTarget(moe, DEVICE, 2, 1, 1))
     expert = 3 * 4 * 2
