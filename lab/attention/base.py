@@ -178,6 +178,8 @@ class AttentionBackend(ABC):
 
     #: the attention kinds this backend supports (see AttentionSpec.kind)
     supported_kinds: tuple[str, ...] = ("mha", "gqa")
+    #: whether its attention launches Triton kernels (Triton's interpreter without CUDA)
+    uses_triton: bool = False
     #: the KV block sizes (tokens per block) this backend supports; `block_size` must be one.
     #: Every backend in lab takes the powers of two 1..128: the torch reference gathers whole
     #: blocks, and the Triton kernels index pages with `pos // BLOCK_SIZE`, `pos % BLOCK_SIZE` on

@@ -47,6 +47,7 @@ class TritonFlashBackend(SplitKVDecode, PagedKVBackend):
     """Paged FlashAttention in Triton over the split K/V paged layout."""
 
     name = "triton_flash"
+    uses_triton = True
 
     def __init__(self, max_splits: int = 16, min_keys_per_split: int = 256,
                  num_sms: int | None = None) -> None:

@@ -67,6 +67,7 @@ class TritonMLABackend(SplitKVDecode, MLAAttentionMixin, AttentionBackend):
     """MLA in Triton: absorbed split-KV latent decode + expanded flash prefill."""
 
     name = "triton_mla"
+    uses_triton = True
     supported_kinds = ("mla",)
 
     def __init__(self, max_splits: int = 16, min_keys_per_split: int = 256,

@@ -232,10 +232,9 @@ class LLMEngine:
 
 
 def uses_triton(wc: WorkerConfig) -> bool:
-    """Whether the worker launches Triton kernels: a triton_* attention backend, or layer ops
-    bound to Triton (kernels=triton, or auto on CUDA)."""
-    return (str(getattr(wc.attention, "name", "")).startswith("triton")
-            or getattr(wc.kernels, "name", "") == "triton")
+    """Whether the worker launches Triton kernels: its attention backend or its layer ops say so
+    (a triton_* backend; kernels=triton, or auto on CUDA)."""
+    return wc.attention.uses_triton or wc.kernels.uses_triton
 
 
 def worker_config(cfg: DictConfig) -> WorkerConfig:

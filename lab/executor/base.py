@@ -31,6 +31,20 @@ class ModelInfo:
     weight_bytes: int  # parameters after quantization
     tokenizer_path: Path | None  # a directory with the tokenizer; None: token ids only
 
+    @classmethod
+    def of(cls, hf_config: Any, bytes_per_block: int, weight_bytes: int,
+           tokenizer_path: Path | str | None) -> ModelInfo:
+        """Vocabulary and EOS (the first of a list) read from the HF config."""
+        eos = eos_token_ids(hf_config)
+        return cls(hf_config, hf_config.vocab_size, eos[0] if eos else None, bytes_per_block,
+                   weight_bytes, None if tokenizer_path is None else Path(tokenizer_path))
+
+
+def eos_token_ids(hf_config: Any) -> list[int]:
+    """The config's `eos_token_id` as a list (HF allows an int, a list or none)."""
+    eos = getattr(hf_config, "eos_token_id", None)
+    return list(eos) if isinstance(eos, list) else [] if eos is None else [eos]
+
 
 class Executor(ABC):
     """Runs the worker(s): sizing the cache, allocating it, executing steps."""

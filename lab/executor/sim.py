@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.clock import VirtualClock
-from lab.executor.base import Executor, ModelInfo
+from lab.executor.base import Executor, ModelInfo, eos_token_ids
 from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from lab.sim.device import DeviceSpec, device_spec
 from lab.sim.model_shape import QUANT_WEIGHT_BYTES, ModelShape
@@ -64,20 +64,15 @@ class SimExecutor(Executor):
         self.bytes_per_block = self.target.kv_bytes_per_token * config.block_size
         self.num_blocks = 0
         self.states: dict[str, _SimState] = {}
-        eos = getattr(self.hf_config, "eos_token_id", None)
-        self.eos_ids = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        self.eos_ids = frozenset(eos_token_ids(self.hf_config))
         log.info("simulating %s on %s (%s): %.2f GiB of weights, %d KV bytes per token",
                  Path(config.model_path).name, self.device.name, type(step_time).__name__,
                  self.target.weight_bytes / 2**30, self.target.kv_bytes_per_token)
 
     def model_info(self) -> ModelInfo:
-        path = Path(self.config.model_path)
-        eos = getattr(self.hf_config, "eos_token_id", None)
-        return ModelInfo(
-            hf_config=self.hf_config, vocab_size=self.hf_config.vocab_size,
-            eos_token_id=eos[0] if isinstance(eos, list) else eos,
-            bytes_per_block=self.bytes_per_block, weight_bytes=self.target.weight_bytes,
-            tokenizer_path=path if (path / "tokenizer.json").is_file() else None)
+        path = Path(self.config.model_path)  # a config-only directory has no tokenizer
+        return ModelInfo.of(self.hf_config, self.bytes_per_block, self.target.weight_bytes,
+                            path if (path / "tokenizer.json").is_file() else None)
 
     # -- the cache --------------------------------------------------------------------------
     def determine_num_blocks(self, sizing: CacheSizing) -> int:

@@ -125,6 +125,7 @@ class LayerOps:
 
     def __init__(self, impl: str) -> None:
         self.name = impl
+        self.uses_triton = impl == "triton"  # its ops launch Triton kernels
         for op in OPS:
             setattr(self, op.name, LazyImpl(op, impl))
 

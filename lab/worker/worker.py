@@ -114,12 +114,8 @@ class Worker:
                  getattr(self.quant, "name", "none"))
 
     def model_info(self) -> ModelInfo:
-        eos = getattr(self.hf_config, "eos_token_id", None)
-        return ModelInfo(
-            hf_config=self.hf_config, vocab_size=self.hf_config.vocab_size,
-            eos_token_id=eos[0] if isinstance(eos, list) else eos,
-            bytes_per_block=self.bytes_per_block, weight_bytes=self.weight_bytes,
-            tokenizer_path=Path(self.config.model_path))
+        return ModelInfo.of(self.hf_config, self.bytes_per_block, self.weight_bytes,
+                            self.config.model_path)
 
     @property
     def kv_spec(self) -> KVCacheSpec:
