@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lab.attention.base import AttentionInputs
+from lab.attention.base import AttentionInputs, KVScales
 from lab.cache.block_table import BlockTable
 
 
@@ -45,9 +45,10 @@ class BatchRows:
 
 def prepare_inputs(
     batch: BatchRows, token_ids: np.ndarray, block_table: BlockTable, block_size: int,
-    max_model_len: int, device: torch.device,
+    max_model_len: int, device: torch.device, kv_scales: KVScales | None = None,
 ) -> StepBatch:
-    """Build the step's flat input ids, positions, slot mapping and attention inputs."""
+    """Build the step's flat input ids, positions, slot mapping and attention inputs (which
+    carry the cache's fp8 `kv_scales`, if any, to the backend)."""
     n = batch.num_scheduled
     cu = np.cumsum(n)
     starts = cu - n
@@ -73,6 +74,7 @@ def prepare_inputs(
         query_lens_cpu=n.tolist(),
         seq_lens_cpu=seq_lens.tolist(),
         max_model_len=max_model_len,
+        kv_scales=kv_scales,
     )
     return StepBatch(
         input_ids=_to(input_ids, torch.int64, device),

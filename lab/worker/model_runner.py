@@ -7,7 +7,7 @@ keeps its token ids in its state until it resumes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -72,10 +72,9 @@ class ModelRunner:
             return ModelRunnerOutput()
         batch = prepare_inputs(
             self._batch_rows(sched), self.token_ids, self.block_table, self.block_size,
-            self.max_model_len, self.device,
+            self.max_model_len, self.device, self.kv_scales,
         )
-        metadata = self.attn_backend.build_metadata(
-            replace(batch.attn_inputs, kv_scales=self.kv_scales))
+        metadata = self.attn_backend.build_metadata(batch.attn_inputs)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, metadata)
         self._advance_computed(sched)
         if not batch.sampled_req_ids:
