@@ -17,7 +17,7 @@ _MARGIN = 1e-4
 
 row_params = st.builds(
     SamplingParams,
-    temperature=st.one_of(st.just(0.0), st.floats(0.05, 3.0)),
+    temperature=st.one_of(st.just(0.0), st.floats(0.05, 2.0)),
     top_k=st.one_of(st.sampled_from([-1, 0, 1]), st.integers(1, V + 8)),
     top_p=st.one_of(st.just(1.0), st.floats(0.01, 1.0)),
     min_p=st.one_of(st.just(0.0), st.floats(0.01, 0.95)),

@@ -43,7 +43,7 @@ def test_mixed_greedy_random_batch() -> None:
 def test_top_k_one_equals_greedy() -> None:
     torch.manual_seed(1)
     logits = _logits(6, 50)
-    params = [SamplingParams(temperature=t, top_k=1) for t in (0.3, 0.9, 1.5, 2.0, 5.0, 0.1)]
+    params = [SamplingParams(temperature=t, top_k=1) for t in (0.3, 0.9, 1.5, 2.0, 0.05, 0.1)]
     for _ in range(5):
         assert torch.equal(sampler(logits, _meta(params)), logits.argmax(dim=-1))
 

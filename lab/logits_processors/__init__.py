@@ -1,0 +1,1 @@
+"""Logits processors: the `logits_processors` config group (see base.py)."""

@@ -1,0 +1,110 @@
+"""The `logits_processors` config group: vLLM V1's batch-level logits-processor interface.
+
+A processor sees the *persistent batch*: row i of the logits it is given belongs to the request
+the model runner keeps at batch index i. Before every step the runner calls `update_state` with
+what changed since the last step (None: nothing) — requests added at an index, removed from an
+index, moved between indices (the runner keeps the batch dense) — and then `apply(logits)` on
+the [batch_size, vocab] float32 logits of the step. A processor keeps whatever per-row state it
+needs (tensors indexed by batch row) and applies it to the whole batch at once: no per-request
+Python loop on the hot path; Python work is proportional to what changed.
+
+Order of a BatchUpdate (how the runner builds it, and how processors must apply it):
+`removed` first, then `added` (an index may be reused by an added request), then `moved` in
+list order (UNIDIRECTIONAL a -> b: the request at a now lives at b and a is empty;
+SWAP a <-> b: they trade places).
+
+lab's one extension to vLLM's interface is `on_sampled(token_ids)`: after sampling, the tokens
+each row appended this step ([batch_size] int64 on the device, -1 for a row that appended none,
+e.g. a partial prefill). Processors whose state follows the generated tokens (penalties,
+min_tokens, bad_words) update it there, vectorized, instead of re-reading every request's token
+list each step. `AddedRequest.output_token_ids` is still the live list, as in vLLM.
+
+A processor is one class (subclass LogitsProcessor) plus one YAML in conf/logits_processors/:
+
+    _target_: my_pkg.my_proc.MyProcessor
+    _partial_: true        # the runner completes it with the LogitsProcessorContext
+
+and runs when listed: `python run.py 'logits_processors=[penalties,my_proc]'`.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from lab.sampling.params import SamplingParams
+
+
+class MoveDirectionality(enum.Enum):
+    UNIDIRECTIONAL = enum.auto()  # a -> b; a is left empty
+    SWAP = enum.auto()  # a <-> b
+
+
+class AddedRequest(NamedTuple):
+    """A request that entered the batch at `index` (vLLM's 4-tuple, with names)."""
+
+    index: int
+    params: SamplingParams
+    prompt_token_ids: list[int] | None
+    output_token_ids: list[int]  # the live list: the runner appends to it every step
+
+
+class MovedRequest(NamedTuple):
+    src: int
+    dst: int
+    direction: MoveDirectionality
+
+
+@dataclass(frozen=True)
+class BatchUpdate:
+    """How the persistent batch changed since the last step (see the module docstring)."""
+
+    batch_size: int  # requests in the batch after the update (rows 0..batch_size-1)
+    removed: Sequence[int] = ()
+    added: Sequence[AddedRequest] = ()
+    moved: Sequence[MovedRequest] = ()
+
+
+@dataclass(frozen=True)
+class LogitsProcessorContext:
+    """What a processor is built with (vLLM passes its whole config; lab passes this)."""
+
+    vocab_size: int  # the logits' width
+    max_num_reqs: int  # the most rows a batch can have
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    eos_token_ids: tuple[int, ...] = ()  # the model's EOS ids (min_tokens masks them)
+
+
+class LogitsProcessor(ABC):
+    """Base class of the `logits_processors` config group (vLLM V1's interface)."""
+
+    def __init__(self, context: LogitsProcessorContext) -> None:
+        self.context = context
+
+    @classmethod
+    def validate_params(cls, params: SamplingParams) -> None:  # noqa: B027 - optional hook
+        """Raise ValueError naming the field if `params` asks this processor for something it
+        cannot do. Called where a request enters the engine."""
+
+    @abstractmethod
+    def is_argmax_invariant(self) -> bool:
+        """True if the processor never changes a row's argmax (then greedy rows skip it and it
+        runs after temperature, like vLLM's min-p); False if it can (it runs before greedy
+        sampling picks a token)."""
+
+    @abstractmethod
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        """Follow the batch's changes (None: no change since the last step)."""
+
+    @abstractmethod
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """Process the step's [batch_size, vocab] float32 logits (in place or not); return
+        them."""
+
+    def on_sampled(self, token_ids: torch.Tensor) -> None:  # noqa: B027 - optional hook
+        """lab's extension: the [batch_size] tokens rows appended this step (-1: none)."""
