@@ -224,7 +224,7 @@ class _TextDetokenizer(IncrementalDetokenizer):
         if finished:
             self._flush()
         hold = 0 if finished else self.stop_buffer_length
-        end = len(self.output_text) - hold
+        end = max(len(self.output_text) - hold, 0)
         if not delta:
             return self.output_text[:end] if hold else self.output_text
         start = self._last_output_text_offset
