@@ -26,6 +26,10 @@ from __future__ import annotations
 import logging
 from bisect import bisect_left
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lab.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +140,7 @@ class IncrementalDetokenizer:
         cls,
         tokenizer,
         prompt_token_ids: Sequence[int] | None,
-        params,
+        params: SamplingParams,
         *,
         use_decode_stream: bool | None = None,
     ) -> IncrementalDetokenizer:
@@ -160,7 +164,7 @@ class _TextDetokenizer(IncrementalDetokenizer):
     streamed hold-back and the flush of an incomplete character at the end. Subclasses say how
     one token is decoded (`_decode_next`) and what undecoded bytes read as (`_pending_text`)."""
 
-    def __init__(self, params) -> None:
+    def __init__(self, params: SamplingParams) -> None:
         super().__init__()
         self.stop: tuple[str, ...] = tuple(params.stop or ())
         self.min_tokens: int = params.min_tokens
@@ -256,7 +260,8 @@ class FastIncrementalDetokenizer(_TextDetokenizer):
     """Decodes with tokenizers' DecodeStream on the fast tokenizer's Rust backend, primed with
     the prompt so the first output token decodes in context (vLLM's fast path)."""
 
-    def __init__(self, tokenizer, prompt_token_ids: list[int], params) -> None:
+    def __init__(self, tokenizer, prompt_token_ids: list[int],
+                 params: SamplingParams) -> None:
         super().__init__(params)
         hf = _hf(tokenizer)
         self.backend = hf.backend_tokenizer
@@ -343,7 +348,8 @@ class SlowIncrementalDetokenizer(_TextDetokenizer):
     Decoding a window rather than one token keeps the decoder's context-dependent rules
     (leading spaces, merges) the same as in a full decode."""
 
-    def __init__(self, tokenizer, prompt_token_ids: list[int], params) -> None:
+    def __init__(self, tokenizer, prompt_token_ids: list[int],
+                 params: SamplingParams) -> None:
         super().__init__(params)
         self.hf = _hf(tokenizer)
         self.spaces_between_special_tokens = params.spaces_between_special_tokens
