@@ -129,9 +129,11 @@ class KVCacheManager:
         """The longest run of cached blocks prefixing the request, and its length in tokens.
 
         The last token is never covered (its logits must be computed), so at most
-        (num_tokens - 1) // block_size blocks can hit. Empty when caching is off.
+        (num_tokens - 1) // block_size blocks can hit. Empty when caching is off, and for a
+        request that asks for prompt logprobs (every prompt position must be computed; vLLM's
+        skip_reading_prefix_cache).
         """
-        if not self.enable_caching:
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
         hits = self._cached_run(request, (request.num_tokens - 1) // self.block_size)
         num_hit_tokens = len(hits) * self.block_size

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = ("model", "attention", "kernels", "quant", "scheduler", "preemption", "cache", "workload",
-          "executor", "logger", "sim/step_time")
+          "executor", "logger", "logits_processors", "sim/step_time")
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:

@@ -1,13 +1,19 @@
-"""EngineCore: the step loop — schedule, execute, update — and the step's statistics."""
+"""EngineCore: the step loop — schedule, execute, update — and the step's statistics.
+
+It deals only in token ids: `EngineCoreRequest`s in, `EngineCoreOutput`s out (lab/engine/
+protocol.py). Text, stop strings and RequestOutputs are the frontend's (OutputProcessor).
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
-from lab.engine.request import Request
+from lab.engine.protocol import EngineCoreOutput, EngineCoreRequest
+from lab.engine.request import Request, RequestStatus
 from lab.executor.base import Executor
-from lab.metrics.stats import StepStats
+from lab.metrics.stats import RequestStats, StepStats
+from lab.scheduler.output import ModelRunnerOutput
 from lab.scheduler.scheduler import Scheduler
 
 
@@ -22,25 +28,35 @@ class EngineCore:
     def __init__(
         self, scheduler: Scheduler, executor: Executor,
         clock: Callable[[], float] = time.perf_counter,
+        block_hasher: Callable[[Request], list[bytes]] | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock
+        self.block_hasher = block_hasher
         self.origin = clock()
         self.step_count = 0
         self._failed: list[Request] = []
 
-    def add_request(self, request: Request) -> None:
-        self.scheduler.add_request(request)
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.scheduler.add_request(Request(
+            request.request_id, request.prompt_token_ids, request.sampling_params,
+            request.eos_token_id, request.arrival_time, priority=request.priority,
+            client_id=request.client_id, block_hasher=self.block_hasher))
 
-    def abort_requests(self, request_ids: list[str]) -> list[Request]:
-        return self.scheduler.abort_requests(request_ids)
+    def abort_requests(
+        self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED,
+    ) -> list[EngineCoreOutput]:
+        """Finish requests (aborted, or stopped by the frontend's stop string); their final
+        outputs carry no new token."""
+        return [self._final(r, []) for r in self.scheduler.abort_requests(request_ids, status)]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def step(self) -> tuple[list[Request], StepStats]:
-        """Run one step; return the requests that got a token (finished ones included).
+    def step(self) -> tuple[list[EngineCoreOutput], StepStats]:
+        """Run one step; return an output for every request that got a token (finished ones
+        included) or prompt logprobs.
 
         A step that raises (any exception, KeyboardInterrupt included) re-raises after the
         scheduler has failed exactly the requests it scheduled (`Scheduler.fail_step`), or every
@@ -58,7 +74,36 @@ class EngineCore:
         stats = self._make_stats(sched, updated, t1 - t0, t2 - t1, self.clock() - t2)
         self.step_count += 1
         self._check_progress(sched)
-        return updated, stats
+        return self._outputs(updated, result), stats
+
+    def _outputs(self, updated: list[Request], result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        outs = []
+        for req in updated:
+            token = [req.output_token_ids[-1]]
+            if req.is_finished:
+                outs.append(self._final(req, token, result))
+            else:
+                outs.append(EngineCoreOutput(
+                    req.request_id, token, result.logprobs.get(req.request_id),
+                    result.prompt_logprobs.get(req.request_id),
+                    num_cached_tokens=max(req.num_cached_tokens, 0)))
+        got_token = {r.request_id for r in updated}
+        for rid, lp in result.prompt_logprobs.items():  # partial prefills of logprob requests
+            if rid not in got_token and rid in self.scheduler.requests:
+                outs.append(EngineCoreOutput(rid, [], new_prompt_logprobs=lp))
+        return outs
+
+    def _final(
+        self, req: Request, new_token_ids: list[int], result: ModelRunnerOutput | None = None,
+    ) -> EngineCoreOutput:
+        rid = req.request_id
+        return EngineCoreOutput(
+            rid, new_token_ids,
+            None if result is None else result.logprobs.get(rid),
+            None if result is None else result.prompt_logprobs.get(rid),
+            finish_reason=req.finish_reason, stop_reason=req.stop_reason,
+            num_cached_tokens=max(req.num_cached_tokens, 0),
+            stats=RequestStats.from_request(req, self.origin))
 
     def _guarded(self, run: Callable[[], object], fail: Callable[[], list[Request]]):
         try:
@@ -80,10 +125,10 @@ class EngineCore:
             f"requests were unfinished ({state}); they were failed with finish reason 'error' "
             "so the engine can go on. This is a scheduler bug: please report it.")
 
-    def take_failed(self) -> list[Request]:
-        """Requests failed by steps that raised since the last call."""
+    def take_failed(self) -> list[EngineCoreOutput]:
+        """The final outputs of requests failed by steps that raised since the last call."""
         failed, self._failed = self._failed, []
-        return failed
+        return [self._final(r, []) for r in failed]
 
     def _make_stats(
         self, sched, updated: list[Request], t_sched: float, t_exec: float, t_update: float,

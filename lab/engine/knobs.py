@@ -86,6 +86,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("cpu_kv_cache_gb", "null (room for one request of the model's context, at most 1 GiB) "
          "or a number of GiB > 0", _or_null(_positive)),
     Knob("enable_prefix_caching", "true or false", lambda v: isinstance(v, bool)),
+    Knob("max_logprobs", "an integer >= 0, or -1 for no limit (the most logprobs / "
+         "prompt_logprobs a request may ask for)", lambda v: _is_int(v) and v >= -1),
     Knob("long_prefill_token_threshold", "an integer >= 0 (0 = off)", _int_at_least(0)),
     Knob("seed", "an integer in [0, 2**63)", lambda v: _is_int(v) and 0 <= v < 2**63),
     Knob("device", "auto, cpu, cuda or cuda:N", _device),

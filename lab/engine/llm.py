@@ -11,6 +11,7 @@ checkpoint directory.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -19,7 +20,7 @@ from lab.engine.config import CONF_DIR, GROUPS, compose_config, set_knobs
 from lab.engine.llm_engine import LLMEngine, RequestSpec
 from lab.engine.outputs import RequestOutput
 from lab.metrics.base import StatLogger
-from lab.sampling.params import SamplingParams
+from lab.sampling.params import RequestOutputKind, SamplingParams, as_sampling_params
 
 Prompt = str | list[int]
 PromptInput = Prompt | dict  # + vLLM's {"prompt": str} and {"prompt_token_ids": [...]}
@@ -70,9 +71,33 @@ class LLM:
         prios = list(priority) if priority is not None else [0] * len(prompts)
         if len(prios) != len(prompts):
             raise ValueError(f"priority has {len(prios)} entries for {len(prompts)} prompts")
-        specs = [RequestSpec(p, sp, priority=pr) for p, sp, pr in zip(prompts, params, prios)]
-        reqs = self.engine.add_requests(specs, label="prompts")
-        return self._run([r.request_id for r in reqs], use_tqdm)
+        specs = [RequestSpec(p, _final_only(sp, i), priority=pr)
+                 for i, (p, sp, pr) in enumerate(zip(prompts, params, prios))]
+        return self._run(self.engine.add_requests(specs, label="prompts"), use_tqdm)
+
+    def chat(
+        self, messages: list[dict] | Sequence[list[dict]],
+        sampling_params: SamplingParams | dict | Sequence[SamplingParams | dict] | None = None,
+        use_tqdm: bool = False, chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to conversations ([{"role": ..., "content": ...}, ...], or a list
+        of them) rendered with the tokenizer's chat template (or `chat_template`), as vLLM's
+        LLM.chat. The tiny models ship a small template of their own."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [{"prompt_token_ids": self._render_chat(c, chat_template, add_generation_prompt)}
+                   for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _render_chat(self, conversation, template: str | None, add_generation_prompt: bool,
+                     ) -> list[int]:
+        tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("chat needs the model's tokenizer, and this model has none")
+        if not isinstance(conversation, list) or not all(
+                isinstance(m, dict) and "role" in m and "content" in m for m in conversation):
+            raise ValueError("a conversation is a list of {'role': ..., 'content': ...} messages")
+        return tokenizer.apply_chat_template(conversation, template, add_generation_prompt)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         """Step until every request of `ids` has finished; other requests' final outputs are
@@ -142,6 +167,13 @@ def _prompt_of(prompt: PromptInput, index: int) -> Prompt:
                          f"holds exactly one of {', '.join(PROMPT_KEYS)} (lab has no "
                          "multi-modal inputs)")
     return prompt[keys.pop()]
+
+
+def _final_only(params: SamplingParams | dict | None, index: int) -> SamplingParams:
+    """generate() returns finished outputs only (vLLM's LLM sets FINAL_ONLY as well)."""
+    params = SamplingParams() if params is None else as_sampling_params(
+        params, f"sampling_params[{index}]")
+    return replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def _as_params_list(sp, n: int) -> list:

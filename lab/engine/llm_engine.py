@@ -15,12 +15,16 @@ from omegaconf import DictConfig
 from lab.cache.hashing import make_block_hasher
 from lab.engine.core import EngineCore
 from lab.engine.knobs import validate_config
-from lab.engine.outputs import CompletionOutput, RequestOutput
-from lab.engine.request import Request
+from lab.engine.output_processor import OutputProcessor
+from lab.engine.outputs import RequestOutput
+from lab.engine.parallel_sampling import ParentRequest
+from lab.engine.processor import ProcessedRequest, Processor
+from lab.engine.protocol import EngineCoreOutput, EngineCoreRequest
+from lab.engine.request import RequestStatus
 from lab.metrics.base import StatLogger
 from lab.metrics.stats import RequestStats, StepStats
 from lab.models.tokenizer import load_tokenizer
-from lab.sampling.params import SamplingParams, as_sampling_params
+from lab.sampling.params import SamplingParams
 from lab.scheduler.scheduler import Scheduler, SchedulerConfig
 from lab.worker.config import WorkerConfig
 from lab.worker.worker import CacheSizing
@@ -53,14 +57,17 @@ class LLMEngine:
         scheduler = self._build_scheduler(cfg, info.bytes_per_block)
         self.executor.initialize_cache(
             self.num_blocks, self.max_model_len, num_swap_blocks(scheduler))
-        self.core = EngineCore(scheduler, self.executor, clock=self.clock.now)
+        self.core = EngineCore(scheduler, self.executor, clock=self.clock.now,
+                               block_hasher=make_block_hasher(cfg.block_size))
         self.tokenizer = load_tokenizer(info.tokenizer_path) if info.tokenizer_path else None
-        self.block_hasher = make_block_hasher(cfg.block_size)
+        self.processor = Processor(self.tokenizer, info, self.max_model_len, cfg.max_logprobs,
+                                   wc.logits_processors)
+        self.output_processor = OutputProcessor(self.tokenizer)
         self.loggers = list(loggers or [])
         # the latest records only: a long-lived engine must not grow; loggers keep the full trace
         self.recent_steps: deque[StepStats] = deque(maxlen=stats_window)
         self.recent_requests: deque[RequestStats] = deque(maxlen=stats_window)
-        self._prompts: dict[str, str | None] = {}
+        self._held: dict[str, list[EngineCoreRequest]] = {}  # n > 1: children after child 0
         self._pending: list[RequestOutput] = []  # finished outside step(): reported by the next
         self._ids = itertools.count()
 
@@ -86,34 +93,32 @@ class LLMEngine:
         self, prompt: str | list[int], params: SamplingParams | dict | None = None,
         request_id: str | None = None, arrival_time: float | None = None, priority: int = 0,
         client_id: str | None = None,
-    ) -> Request:
-        """Validate and queue a request; a bad one raises (ValueError / TypeError naming what is
-        wrong) and changes nothing."""
+    ) -> str:
+        """Validate and queue a request; return its id. A bad one raises (ValueError /
+        TypeError naming what is wrong) and changes nothing."""
         return self.add_requests([RequestSpec(prompt, params, request_id, arrival_time,
                                               priority, client_id)])[0]
 
-    def add_requests(self, specs: Sequence[RequestSpec], label: str = "requests") -> list[Request]:
+    def add_requests(self, specs: Sequence[RequestSpec], label: str = "requests") -> list[str]:
         """Validate every request, then queue them all: all or nothing. An error names the
-        request it refuses as `label[index]`."""
-        batch: set[str] = set()  # ids this batch takes (not yet in the scheduler)
-        reqs = []
+        request it refuses as `label[index]`. Returns the request ids."""
+        batch: set[str] = set()  # ids this batch takes (not yet in the engine)
+        ready = []
         for i, spec in enumerate(specs):
             try:
-                reqs.append(self._make_request(spec, batch))
+                ready.append(self._prepare(spec, batch))
             except (ValueError, TypeError) as e:
                 if len(specs) == 1:
                     raise
                 raise type(e)(f"{label}[{i}]: {e}") from None
-            batch.add(reqs[-1].request_id)
-        for req, spec in zip(reqs, specs):
-            self._prompts[req.request_id] = spec.prompt if isinstance(spec.prompt, str) else None
-            self.core.add_request(req)
-        return reqs
+            batch.add(ready[-1][0])
+        for rid, processed, spec in ready:
+            self._queue(rid, processed, spec)
+        return [rid for rid, _, _ in ready]
 
-    def _make_request(self, spec: RequestSpec, batch: set[str]) -> Request:
-        ids = self._encode(spec.prompt) if isinstance(spec.prompt, str) else spec.prompt
-        ids = self._validate_prompt(ids)
-        params = SamplingParams() if spec.params is None else as_sampling_params(spec.params)
+    def _prepare(self, spec: RequestSpec, batch: set[str]) -> tuple[str, ProcessedRequest,
+                                                                    RequestSpec]:
+        processed = self.processor.process(spec.prompt, spec.params)
         validate_metadata(spec.priority, spec.client_id)
         rid = spec.request_id
         if rid is None:
@@ -122,15 +127,24 @@ class LLMEngine:
             raise TypeError(f"request_id={rid!r} must be a string")
         elif self._in_use(rid, batch):
             raise ValueError(f"request_id {rid!r} is already in use")
-        arrival = self.clock.now() if spec.arrival_time is None else spec.arrival_time
-        return Request(rid, ids, params, self.eos_token_id, arrival, priority=spec.priority,
-                       client_id=spec.client_id, block_hasher=self.block_hasher)
+        return rid, processed, spec
 
-    def _encode(self, prompt: str) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this engine's model has no tokenizer (a config-only model under "
-                             "executor=sim): give prompts as lists of token ids")
-        return self.tokenizer.encode(prompt)
+    def _queue(self, rid: str, processed: ProcessedRequest, spec: RequestSpec) -> None:
+        """Hand a validated request to the output processor and the core; n > 1 fans out into
+        children, of which all but the first wait for its prefill (see parallel_sampling)."""
+        arrival = self.clock.now() if spec.arrival_time is None else spec.arrival_time
+        params = processed.params
+        parent = ParentRequest(rid, params) if params.n > 1 else None
+        children = [(rid, params)] if parent is None else [
+            (cid, parent.child_params(i)) for i, cid in enumerate(parent.child_ids)]
+        for i, (cid, cparams) in enumerate(children):
+            self.output_processor.add_request(cid, processed.prompt, processed.prompt_token_ids,
+                                              cparams, parent, i)
+        core = [self.processor.core_request(cid, processed, cparams, arrival, spec.priority,
+                                            spec.client_id) for cid, cparams in children]
+        self.core.add_request(core[0])
+        if len(core) > 1:
+            self._held[core[0].request_id] = core[1:]
 
     def _fresh_id(self, batch: set[str]) -> str:
         """The next counter value no live request uses (a user may have taken "3")."""
@@ -141,30 +155,20 @@ class LLMEngine:
 
     def _in_use(self, rid: str, batch: set[str]) -> bool:
         """Whether a live request, an unreported output or this batch holds `rid`."""
-        return (rid in batch or rid in self.scheduler.requests
+        return (rid in batch or self.output_processor.has_request(rid)
+                or rid in self.scheduler.requests
                 or any(o.request_id == rid for o in self._pending))
-
-    def _validate_prompt(self, ids: object) -> list[int]:
-        vocab = self.model_info.vocab_size
-        if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
-            raise TypeError(f"a prompt must be a string or a list of token ids, not "
-                            f"{type(ids).__name__}")
-        ids = list(ids)
-        if not ids:
-            raise ValueError("prompt is empty: give at least one token")
-        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 or t >= vocab for t in ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens but max_model_len={self.max_model_len} leaves no "
-                "room for an output token; shorten the prompt or raise max_model_len")
-        return ids
 
     def abort_request(self, request_ids: list[str]) -> list[RequestOutput]:
         """Abort requests wherever they are; their blocks are freed at once. Returns their final
         outputs (finish reason `abort`), which the next step() reports too, so a step loop sees
-        every request finish."""
-        outs = [self._finish(r) for r in self.core.abort_requests(list(request_ids))]
+        every request finish. A parallel-sampling parent's id aborts all its children."""
+        engine_ids = self.output_processor.engine_ids(list(request_ids))
+        held = [r for first in engine_ids for r in self._held.pop(first, [])]
+        core_outs = self.core.abort_requests(engine_ids)
+        core_outs += [EngineCoreOutput(r.request_id, [], finish_reason="abort")
+                      for r in held if r.request_id in set(engine_ids)]
+        outs = self._process(core_outs)
         self._pending.extend(outs)
         return outs
 
@@ -184,9 +188,9 @@ class LLMEngine:
 
     # -- steps ---------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One engine step; returns an output for every request that got a token this step,
-        after the final outputs of requests that finished outside a step (aborted, or failed by
-        a step that raised).
+        """One engine step; returns the RequestOutputs of this step (per request, as its
+        output_kind says: cumulative, delta or final only), after the final outputs of requests
+        that finished outside a step (aborted, or failed by a step that raised).
 
         A step that raises re-raises here after failing exactly the requests it touched (finish
         reason `error`, blocks freed; see EngineCore.step); their outputs come with the next
@@ -196,39 +200,42 @@ class LLMEngine:
         if not self.core.has_unfinished_requests():
             return outputs
         try:
-            updated, stats = self.core.step()
+            core_outputs, stats = self.core.step()
         except BaseException:
-            self._pending = outputs + [self._finish(r) for r in self.core.take_failed()]
+            self._pending = outputs + self._process(self.core.take_failed())
             raise
         self.recent_steps.append(stats)
         for logger in self.loggers:
             logger.on_step(stats)
-        return outputs + [self._finish(r) if r.is_finished else self._output(r) for r in updated]
+        return outputs + self._process(core_outputs)
 
-    def _finish(self, req: Request) -> RequestOutput:
-        stats = RequestStats.from_request(req, self.core.origin)
+    def _process(self, core_outputs: list[EngineCoreOutput]) -> list[RequestOutput]:
+        """Core outputs -> RequestOutputs; stop requests whose text hit a stop string; record
+        finished requests' statistics; release parallel-sampling children whose sibling 0 has
+        computed the shared prompt."""
+        processed = self.output_processor.process_outputs(core_outputs)
+        finals = [o for o in core_outputs if o.stats is not None]
+        if processed.reqs_to_stop:
+            stopped = self.core.abort_requests(processed.reqs_to_stop, RequestStatus.FINISHED_STOPPED)
+            finals += stopped
+            by_id = {o.request_id: o.stats for o in stopped}
+            for out in processed.request_outputs:
+                out.metrics = by_id.get(out.request_id, out.metrics)
+        for final in finals:
+            self._record(final.stats)
+        self._release_held(core_outputs)
+        return processed.request_outputs
+
+    def _record(self, stats: RequestStats) -> None:
         self.recent_requests.append(stats)
         for logger in self.loggers:
             logger.on_request(stats)
-        out = self._output(req)
-        out.metrics = stats
-        self._prompts.pop(req.request_id, None)
-        return out
 
-    def _output(self, req: Request) -> RequestOutput:
-        done = req.is_finished
-        skip = req.sampling_params.skip_special_tokens
-        text = self._decode(req.output_token_ids, skip) if done else ""
-        completion = CompletionOutput(0, text, list(req.output_token_ids), req.finish_reason,
-                                      req.stop_reason)
-        return RequestOutput(req.request_id, self._prompts.get(req.request_id),
-                             req.prompt_token_ids, [completion], finished=done)
-
-
-    def _decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+    def _release_held(self, core_outputs: list[EngineCoreOutput]) -> None:
+        for out in core_outputs:
+            if out.request_id in self._held and (out.new_token_ids or out.finished):
+                for request in self._held.pop(out.request_id):
+                    self.core.add_request(request)
 
 
 def uses_triton(wc: WorkerConfig) -> bool:
@@ -244,7 +251,8 @@ def worker_config(cfg: DictConfig) -> WorkerConfig:
         kernels=instantiate(cfg.kernels), quant=instantiate(cfg.quant), device=cfg.device,
         dtype=cfg.dtype, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed,
-        kv_cache_dtype=cfg.cache.get("dtype", "auto"))
+        kv_cache_dtype=cfg.cache.get("dtype", "auto"),
+        logits_processors=tuple(instantiate(c) for c in (cfg.get("logits_processors") or {}).values()))
 
 
 @dataclass(frozen=True)

@@ -87,9 +87,10 @@ class LogitsProcessor(ABC):
         self.context = context
 
     @classmethod
-    def validate_params(cls, params: SamplingParams) -> None:  # noqa: B027 - optional hook
+    def validate_params(cls, params: SamplingParams) -> None:
         """Raise ValueError naming the field if `params` asks this processor for something it
         cannot do. Called where a request enters the engine."""
+        return None
 
     @abstractmethod
     def is_argmax_invariant(self) -> bool:
@@ -106,5 +107,6 @@ class LogitsProcessor(ABC):
         """Process the step's [batch_size, vocab] float32 logits (in place or not); return
         them."""
 
-    def on_sampled(self, token_ids: torch.Tensor) -> None:  # noqa: B027 - optional hook
+    def on_sampled(self, token_ids: torch.Tensor) -> None:
         """lab's extension: the [batch_size] tokens rows appended this step (-1: none)."""
+        return None

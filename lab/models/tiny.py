@@ -31,7 +31,7 @@ import torch
 
 from lab.models._corpus import CORPUS
 
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4  # 4: the tokenizer has a chat template
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|endoftext|>"  # PAD: what Qwen2Tokenizer expects
 BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
 SEED = 1234
@@ -182,6 +182,13 @@ def _scale(name: str, shape: torch.Size, config, noise: torch.Tensor) -> torch.T
     return gain * noise / shape[-1] ** 0.5
 
 
+# A plain chat template (role: content lines), so `LLM.chat` runs on the embedded models.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
+    "{{ message['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
 def train_tokenizer(vocab_size: int):
     """A byte-level BPE trained on the embedded corpus; padded with filler tokens to vocab_size."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -212,4 +219,5 @@ def save_tokenizer(out_dir: Path, vocab_size: int) -> None:
         tokenizer_object=train_tokenizer(vocab_size), bos_token=BOS, eos_token=EOS, pad_token=PAD,
         clean_up_tokenization_spaces=False,
     )
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out_dir)

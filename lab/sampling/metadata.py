@@ -28,6 +28,8 @@ class SamplingMetadata:
     top_p: float32 [B]; 1.0 means off.   min_p: float32 [B]; 0.0 means off.
     is_greedy: bool [B]. generators: one per row, None for unseeded and for greedy rows.
     The flags are batch-wide and let the sampler skip stages nobody asked for.
+    max_num_logprobs: the most top logprobs a row asks for (-1: the whole vocabulary), None
+    when no row asks for logprobs (then none are computed).
     """
 
     temperature: torch.Tensor
@@ -41,6 +43,7 @@ class SamplingMetadata:
     no_top_p: bool
     no_min_p: bool
     generators: list[torch.Generator | None]
+    max_num_logprobs: int | None = None
 
     @property
     def batch_size(self) -> int:
@@ -70,6 +73,7 @@ class SamplingMetadata:
         temps = [1.0 if g else float(p.temperature) for p, g in zip(params, greedy)]
         top_ks = [max(int(p.top_k), 0) for p in params]  # -1 and 0 both mean off
         top_ps = [float(p.top_p) for p in params]
+        asked = [p.logprobs for p in params if p.logprobs is not None]
         min_ps = [float(p.min_p) for p in params]
         return cls(
             temperature=torch.tensor(temps, dtype=torch.float32, device=device),
@@ -83,4 +87,5 @@ class SamplingMetadata:
             no_top_p=all(p >= 1.0 for p in top_ps),
             no_min_p=all(p <= 0.0 for p in min_ps),
             generators=[None if g else gen for g, gen in zip(greedy, generators)],
+            max_num_logprobs=None if not asked else -1 if -1 in asked else max(asked),
         )

@@ -1,15 +1,23 @@
-"""Sampler: turns one step's logits into one token per row (vLLM V1's `Sampler.sample`).
+"""Sampler: turns one step's logits into one token per row (vLLM V1's `Sampler.forward`).
 
-Order: greedy argmax (unless all rows are random; if all are greedy it is the answer) ->
-temperature -> min-p -> top-k -> top-p -> exponential-race sampling -> where(greedy, ...).
+Order: raw logprobs (if a row asks for them: log_softmax of the untouched logits, vLLM's
+default "raw_logprobs") -> the logits processors that can change the argmax, in the configured
+order (allowed_token_ids, bad_words, min_tokens, logit_bias, penalties by default) -> greedy
+argmax (unless all rows are random; if all are greedy it is the answer) -> temperature ->
+argmax-invariant processors -> min-p -> top-k -> top-p -> exponential-race sampling ->
+where(greedy, ...) -> the logprobs of the sampled tokens and the top-k.
 Every stage is vectorised over the batch; the only Python loop runs over seeded rows' generators.
 Masked tokens get logit -inf, so their probability is exactly zero and they are never sampled.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
+from lab.logits_processors.base import LogitsProcessor
 from lab.sampling.metadata import SamplingMetadata
 
 _NEG_INF = float("-inf")
@@ -75,10 +83,62 @@ def random_sample(probs: torch.Tensor, generators: list[torch.Generator | None])
     return (probs / q).argmax(dim=-1)
 
 
+@dataclass
+class LogprobsTensors:
+    """Per row: [own token, top-1 .. top-k] ids and logprobs, and the own token's rank."""
+
+    token_ids: torch.Tensor  # int64 [B, k + 1]
+    logprobs: torch.Tensor  # float32 [B, k + 1]
+    ranks: torch.Tensor  # int64 [B]
+
+
+@dataclass
+class SamplerOutput:
+    sampled: torch.Tensor  # int64 [B]
+    logprobs: LogprobsTensors | None = None  # when a row asked for logprobs
+
+
+def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def gather_logprobs(logprobs: torch.Tensor, k: int, token_ids: torch.Tensor) -> LogprobsTensors:
+    """The top-k of each row plus the logprob and rank of `token_ids` (vLLM's gather_logprobs:
+    the own token first; its rank counts the tokens whose logprob is >= its own)."""
+    own = logprobs.gather(-1, token_ids.long().unsqueeze(-1))
+    ranks = (logprobs >= own).sum(dim=-1)
+    top_values, top_ids = torch.topk(logprobs, k, dim=-1) if k > 0 else (
+        logprobs[:, :0], torch.empty_like(logprobs[:, :0], dtype=torch.int64))
+    return LogprobsTensors(torch.cat([token_ids.long().unsqueeze(-1), top_ids], dim=1),
+                           torch.cat([own, top_values], dim=1), ranks)
+
+
 class Sampler:
-    """Samples one token id per row from float32 logits [B, V] under per-row SamplingMetadata."""
+    """Samples one token id per row from float32 logits [B, V] under per-row SamplingMetadata,
+    after the batch-level logits processors (their state is the model runner's business)."""
+
+    def __init__(self, processors: Sequence[LogitsProcessor] = ()) -> None:
+        self.processors = list(processors)
+        self.argmax_changing = [p for p in self.processors if not p.is_argmax_invariant()]
+        self.argmax_invariant = [p for p in self.processors if p.is_argmax_invariant()]
 
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """The sampled token of each row (what `forward` samples, without logprobs)."""
+        return self.forward(logits, meta).sampled
+
+    def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        raw = compute_logprobs(logits) if meta.max_num_logprobs is not None else None
+        logits = logits.float()
+        for processor in self.argmax_changing:
+            logits = processor.apply(logits)
+        sampled = self.sample(logits, meta)
+        if raw is None:
+            return SamplerOutput(sampled)
+        k = raw.shape[-1] if meta.max_num_logprobs < 0 else meta.max_num_logprobs
+        return SamplerOutput(sampled, gather_logprobs(raw, min(k, raw.shape[-1]), sampled))
+
+    def sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """Greedy rows take the argmax; random rows draw from the processed distribution."""
         if meta.all_greedy:
             return logits.argmax(dim=-1)
         sampled = random_sample(self.probs(logits, meta), meta.generators)
@@ -86,10 +146,12 @@ class Sampler:
             return sampled
         return torch.where(meta.is_greedy, logits.argmax(dim=-1), sampled)
 
-    @staticmethod
-    def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        """Temperature then min-p, top-k, top-p (skipping stages no row uses); masked = -inf."""
+    def process_logits(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """Temperature, argmax-invariant processors, then min-p, top-k, top-p (skipping stages
+        no row uses); masked = -inf."""
         logits = apply_temperature(logits.float(), meta.temperature)
+        for processor in self.argmax_invariant:
+            logits = processor.apply(logits)
         if not meta.no_min_p:
             logits = apply_min_p(logits, meta.min_p)
         if not meta.no_top_k:
@@ -98,7 +160,6 @@ class Sampler:
             logits = apply_top_p(logits, meta.top_p)
         return logits
 
-    @classmethod
-    def probs(cls, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    def probs(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """The distribution random rows sample from (greedy rows' values are unused)."""
-        return torch.softmax(cls.process_logits(logits, meta), dim=-1)
+        return torch.softmax(self.process_logits(logits, meta), dim=-1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lab.sampling.logprobs import LogprobsLists
 from lab.sampling.params import SamplingParams
 
 
@@ -97,6 +98,10 @@ class SchedulerOutput:
 
 @dataclass
 class ModelRunnerOutput:
-    """What the worker returns: one sampled token per request whose prompt is complete."""
+    """What the worker returns: one sampled token per request whose prompt is complete, the
+    logprobs of those tokens (requests that asked), and the prompt logprobs of the prompt
+    positions computed this step (requests that asked)."""
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)

@@ -105,15 +105,18 @@ class Scheduler(StepRecovery):
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
-    def abort_requests(self, request_ids: list[str]) -> list[Request]:
-        """Finish requests as aborted, wherever they are, and free everything they hold."""
+    def abort_requests(
+        self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED,
+    ) -> list[Request]:
+        """Finish requests wherever they are (as aborted, or with `status`: the frontend stops
+        a request whose text hit a stop string) and free everything they hold."""
         aborted = []
         for rid in request_ids:
             req = self.requests.get(rid)
             if req is None or req.is_finished:
                 continue
             self._detach(req)
-            self._finish(req, RequestStatus.FINISHED_ABORTED)
+            self._finish(req, status)
             aborted.append(req)
         return aborted
 
@@ -354,7 +357,8 @@ class Scheduler(StepRecovery):
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         params = req.sampling_params
-        if req.num_tokens >= self.config.max_model_len or req.num_output_tokens >= params.max_tokens:
+        if req.num_tokens >= self.config.max_model_len or (
+                params.max_tokens is not None and req.num_output_tokens >= params.max_tokens):
             return RequestStatus.FINISHED_LENGTH_CAPPED
         if req.num_output_tokens < params.min_tokens:
             return None

@@ -26,3 +26,5 @@ class WorkerConfig:
     max_num_batched_tokens: int = 2048
     seed: int = 0
     kv_cache_dtype: str = "auto"  # cache.dtype: auto (the model's) | fp8
+    # conf/logits_processors: factories (Hydra partials) called with a LogitsProcessorContext
+    logits_processors: tuple[Any, ...] = ()

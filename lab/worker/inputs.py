@@ -6,8 +6,9 @@ For scheduled requests with num_computed c[i] and new tokens n[i] (flattened bac
     positions[t]    = c[req_idx[t]] + (t - query_start_loc[req_idx[t]])
     slot_mapping[t] = block_table[row, pos // bs] * bs + pos % bs
     seq_lens[i]     = c[i] + n[i]
-    logits_indices  = query_start_loc[1:] - 1, kept only for requests whose seq_len reaches
-                      num_tokens (a partial prefill samples nothing)
+    logits_indices  = query_start_loc[1:] - 1: every request's last token (a partial prefill
+                      is sampled too, as in vLLM, so the batch's rows stay the persistent
+                      batch's rows; `sampled` says whose token is kept)
 """
 
 from __future__ import annotations
@@ -23,13 +24,18 @@ from lab.cache.block_table import BlockTable
 
 @dataclass
 class StepBatch:
-    """The model's inputs for one step and which requests get a sampled token."""
+    """The model's inputs for one step and which requests keep their sampled token."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     attn_inputs: AttentionInputs
-    logits_indices: torch.Tensor
-    sampled_req_ids: list[str]
+    logits_indices: torch.Tensor  # [num_reqs]: the last scheduled token of every request
+    sampled: np.ndarray  # bool [num_reqs]: the request's prompt is complete (keeps its token)
+    token_starts: np.ndarray  # [num_reqs]: each request's first token in the flat batch
+
+    @property
+    def any_sampled(self) -> bool:
+        return bool(self.sampled.any())
 
 
 @dataclass
@@ -80,8 +86,9 @@ def prepare_inputs(
         input_ids=_to(input_ids, torch.int64, device),
         positions=_to(positions, torch.int64, device),
         attn_inputs=attn,
-        logits_indices=_to(cu[complete] - 1, torch.int64, device),
-        sampled_req_ids=[rid for rid, ok in zip(batch.req_ids, complete) if ok],
+        logits_indices=_to(cu - 1, torch.int64, device),
+        sampled=complete,
+        token_starts=starts,
     )
 
 

@@ -3,27 +3,37 @@
 Request state persists across steps (the scheduler only sends deltas). Each running request owns
 a row of the token-id buffer and of the block table; a preempted request gives its row back and
 keeps its token ids in its state until it resumes.
+
+The requests of a step also sit in a dense *persistent batch* (vLLM's InputBatch order): batch
+index i is row i of the step's logits. The logits processors follow its changes (added, removed,
+moved requests) through BatchUpdates and process the whole batch at once. Every scheduled request
+is sampled, a partial prefill too (its token is dropped and its seeded generator is not
+advanced), so the batch never has to be re-gathered for sampling.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from lab.attention.base import AttentionBackend, KVCache, KVScales
 from lab.cache.block_table import BlockTable
+from lab.logits_processors.base import LogitsProcessor
+from lab.sampling.logprobs import LogprobsLists
 from lab.sampling.metadata import SamplingMetadata, make_generator
 from lab.sampling.params import SamplingParams
-from lab.sampling.sampler import Sampler
+from lab.sampling.sampler import LogprobsTensors, Sampler, compute_logprobs, gather_logprobs
 from lab.scheduler.output import (
     CachedRequestData,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
 )
-from lab.worker.inputs import BatchRows, prepare_inputs
+from lab.worker.inputs import BatchRows, StepBatch, prepare_inputs
+from lab.worker.persistent_batch import PersistentBatch
 from lab.worker.swap import BlockSwapper
 
 
@@ -32,10 +42,19 @@ class CachedRequestState:
     req_id: str
     params: SamplingParams
     generator: torch.Generator | None
-    num_tokens: int
+    prompt_token_ids: list[int]
     num_computed: int
-    row: int | None = None
-    parked_tokens: list[int] | None = None  # token ids while preempted (no row)
+    output_token_ids: list[int] = field(default_factory=list)  # live: processors read it
+    row: int | None = None  # its row of the token / block tables while it has one
+    prompt_logprobs_done: int = 0  # prompt positions whose next-token logprobs were sent
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
 
 
 class ModelRunner:
@@ -44,6 +63,7 @@ class ModelRunner:
     def __init__(
         self, model: torch.nn.Module, attn_backend: AttentionBackend, device: torch.device,
         block_size: int, max_num_reqs: int, max_model_len: int,
+        logits_processors: Sequence[LogitsProcessor] = (),
     ) -> None:
         self.model = model
         self.attn_backend = attn_backend
@@ -54,10 +74,12 @@ class ModelRunner:
         self.block_table = BlockTable(max_num_reqs, -(-max_model_len // block_size))
         self.free_rows = list(range(max_num_reqs - 1, -1, -1))
         self.states: dict[str, CachedRequestState] = {}
+        self.batch = PersistentBatch(max_num_reqs)
         self.kv_caches: list[torch.Tensor] = []
         self.kv_scales: KVScales | None = None  # an fp8 cache's scales, calibrated on first write
         self.swapper: BlockSwapper | None = None
-        self.sampler = Sampler()
+        self.processors = list(logits_processors)
+        self.sampler = Sampler(self.processors)
 
     def initialize_cache(self, kv_cache: KVCache, swapper: BlockSwapper | None = None) -> None:
         """Hold the cache the backend allocated (its layers and, for fp8, its scales)."""
@@ -68,27 +90,47 @@ class ModelRunner:
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         self._swap(sched)
         self._update_states(sched)
+        self._update_batch(sched)
         if sched.is_empty:
             return ModelRunnerOutput()
+        req_ids = self.batch.req_ids[: self.batch.num_reqs]
         batch = prepare_inputs(
-            self._batch_rows(sched), self.token_ids, self.block_table, self.block_size,
+            self._batch_rows(req_ids, sched), self.token_ids, self.block_table, self.block_size,
             self.max_model_len, self.device, self.kv_scales,
         )
         metadata = self.attn_backend.build_metadata(batch.attn_inputs)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, metadata)
         self._advance_computed(sched)
-        if not batch.sampled_req_ids:
-            return ModelRunnerOutput()
-        logits = self.model.compute_logits(hidden[batch.logits_indices])
-        states = [self.states[r] for r in batch.sampled_req_ids]
-        meta = SamplingMetadata.from_params(
-            [s.params for s in states], [s.generator for s in states], self.device
-        )
-        tokens = self.sampler(logits, meta).tolist()
-        for state, token in zip(states, tokens):
-            self._append_token(state, token)
-        return ModelRunnerOutput(dict(zip(batch.sampled_req_ids, tokens)))
+        states = [self.states[r] for r in req_ids]
+        out = ModelRunnerOutput()
+        self._prompt_logprobs(states, sched, batch, hidden, out)
+        if batch.any_sampled:
+            self._sample(states, batch, self.model.compute_logits(hidden[batch.logits_indices]),
+                         out)
+        return out
 
+    def _sample(
+        self, states: list[CachedRequestState], batch: StepBatch, logits: torch.Tensor,
+        out: ModelRunnerOutput,
+    ) -> None:
+        """Sample every row, keep the tokens of complete prompts, tell the processors."""
+        kept = batch.sampled.tolist()
+        meta = SamplingMetadata.from_params(
+            [s.params for s in states],
+            [s.generator if ok else None for s, ok in zip(states, kept)], self.device)
+        result = self.sampler.forward(logits, meta)
+        tokens = result.sampled.tolist()
+        for state, token, ok in zip(states, tokens, kept):
+            if ok:
+                self._append_token(state, token)
+                out.sampled_token_ids[state.req_id] = token
+        if self.processors:
+            appended = result.sampled.masked_fill(
+                ~torch.from_numpy(batch.sampled).to(result.sampled.device), -1)
+            for processor in self.processors:
+                processor.on_sampled(appended)
+        if result.logprobs is not None:
+            out.logprobs.update(_logprobs_of(states, kept, result.logprobs))
     def _swap(self, sched: SchedulerOutput) -> None:
         """Apply the step's KV block swaps (before anything this step writes the cache)."""
         if not (sched.swap_out or sched.swap_in):
@@ -107,67 +149,122 @@ class ModelRunner:
         for rid in sched.preempted_req_ids:
             state = self.states.get(rid)
             if state is not None and state.row is not None:
-                self._park(state)
+                self._release_row(state)
         for new in sched.scheduled_new_reqs:
             self._add_request(new)
         for cached in sched.scheduled_cached_reqs:
             self._update_request(cached)
 
+    def _update_batch(self, sched: SchedulerOutput) -> None:
+        """The persistent batch holds exactly this step's requests (as vLLM's: finished,
+        preempted and unscheduled ones leave it), densely; the processors follow."""
+        scheduled = sched.num_scheduled_tokens
+        for rid in [r for r in self.batch.req_ids if r is not None and r not in scheduled]:
+            self.batch.remove(rid)
+        for rid in scheduled:
+            if rid not in self.batch:
+                state = self.states[rid]
+                self.batch.add(rid, state.params, state.prompt_token_ids, state.output_token_ids)
+        self.batch.condense()
+        update = self.batch.take_update()
+        for processor in self.processors:
+            processor.update_state(update)
+
     def _add_request(self, new: NewRequestData) -> None:
         seed = new.sampling_params.seed
         gen = None if seed is None else make_generator(seed, self.device)
         state = CachedRequestState(
-            new.req_id, new.sampling_params, gen, len(new.prompt_token_ids),
+            new.req_id, new.sampling_params, gen, list(new.prompt_token_ids),
             new.num_computed_tokens,
         )
         self.states[new.req_id] = state
-        self._take_row(state, new.prompt_token_ids, new.block_ids)
+        self._take_row(state, new.block_ids)
 
     def _update_request(self, cached: CachedRequestData) -> None:
         state = self.states[cached.req_id]
         state.num_computed = cached.num_computed_tokens
         if cached.resumed_from_preemption:
-            tokens = state.parked_tokens if state.row is None else self._tokens_of(state)
             if state.row is not None:
                 self._release_row(state)
-            self._take_row(state, tokens, cached.new_block_ids)
+            self._take_row(state, cached.new_block_ids)
         elif cached.new_block_ids:
             self.block_table.append_row(state.row, cached.new_block_ids)
 
-    def _take_row(self, state: CachedRequestState, tokens: list[int], block_ids: list[int]) -> None:
+    def _take_row(self, state: CachedRequestState, block_ids: list[int]) -> None:
         state.row = self.free_rows.pop()
-        state.parked_tokens = None
+        tokens = state.all_token_ids
         self.token_ids[state.row, : len(tokens)] = tokens
         self.block_table.add_row(state.row, block_ids)
-
-    def _park(self, state: CachedRequestState) -> None:
-        state.parked_tokens = self._tokens_of(state)
-        self._release_row(state)
 
     def _release_row(self, state: CachedRequestState) -> None:
         self.block_table.clear_row(state.row)
         self.free_rows.append(state.row)
         state.row = None
 
-    def _tokens_of(self, state: CachedRequestState) -> list[int]:
-        return self.token_ids[state.row, : state.num_tokens].tolist()
-
     def _append_token(self, state: CachedRequestState, token: int) -> None:
         if state.num_tokens < self.token_ids.shape[1]:
             self.token_ids[state.row, state.num_tokens] = token
-        state.num_tokens += 1
+        state.output_token_ids.append(token)
 
     def _advance_computed(self, sched: SchedulerOutput) -> None:
         for rid, n in sched.num_scheduled_tokens.items():
             self.states[rid].num_computed += n
 
-    def _batch_rows(self, sched: SchedulerOutput) -> BatchRows:
-        req_ids = list(sched.num_scheduled_tokens)
+    def _batch_rows(self, req_ids: list[str], sched: SchedulerOutput) -> BatchRows:
         states = [self.states[r] for r in req_ids]
         return BatchRows(
             req_ids=req_ids,
             rows=np.array([s.row for s in states], dtype=np.int64),
             num_computed=np.array([s.num_computed for s in states], dtype=np.int64),
-            num_scheduled=np.array(list(sched.num_scheduled_tokens.values()), dtype=np.int64),
+            num_scheduled=np.array([sched.num_scheduled_tokens[r] for r in req_ids],
+                                   dtype=np.int64),
             num_tokens=np.array([s.num_tokens for s in states], dtype=np.int64),
         )
+
+    # -- prompt logprobs -------------------------------------------------------------------
+    def _prompt_logprobs(
+        self, states: list[CachedRequestState], sched: SchedulerOutput, batch: StepBatch,
+        hidden: torch.Tensor, out: ModelRunnerOutput,
+    ) -> None:
+        """For requests that asked: the logprob of every prompt token after the first, from
+        the position before it, for the prompt positions computed this step (each position
+        once, even when a preempted request recomputes it)."""
+        for i, state in enumerate(states):
+            k = state.params.prompt_logprobs
+            prompt_len = len(state.prompt_token_ids)
+            if k is None or state.prompt_logprobs_done >= prompt_len - 1:
+                continue
+            computed_before = state.num_computed - sched.num_scheduled_tokens[state.req_id]
+            first = max(computed_before, state.prompt_logprobs_done)
+            last = min(state.num_computed, prompt_len - 1)  # positions [first, last)
+            if first >= last:
+                continue
+            start = int(batch.token_starts[i]) + first - computed_before
+            logits = self.model.compute_logits(hidden[start : start + last - first])
+            targets = torch.tensor(state.prompt_token_ids[first + 1 : last + 1],
+                                   device=logits.device)
+            lp = compute_logprobs(logits)
+            k = lp.shape[-1] if k < 0 else min(k, lp.shape[-1])
+            out.prompt_logprobs[state.req_id] = _to_lists(gather_logprobs(lp, k, targets))
+            state.prompt_logprobs_done = last
+
+
+def _logprobs_of(
+    states: list[CachedRequestState], kept: list[bool], lp: LogprobsTensors,
+) -> dict[str, LogprobsLists]:
+    """Each asking row's entry, cut to the top-k it asked for (the batch computed the most)."""
+    rows = [i for i, (s, ok) in enumerate(zip(states, kept)) if ok and s.params.logprobs is not None]
+    if not rows:
+        return {}
+    ids, values, ranks = (lp.token_ids[rows].tolist(), lp.logprobs[rows].tolist(),
+                          lp.ranks[rows].tolist())
+    result = {}
+    for j, i in enumerate(rows):
+        k = states[i].params.logprobs
+        width = len(ids[j]) if k < 0 else k + 1
+        result[states[i].req_id] = LogprobsLists([ids[j][:width]], [values[j][:width]], [ranks[j]])
+    return result
+
+
+def _to_lists(lp: LogprobsTensors) -> LogprobsLists:
+    return LogprobsLists(lp.token_ids.tolist(), lp.logprobs.tolist(), lp.ranks.tolist())

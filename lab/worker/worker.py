@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 
 from lab.attention.base import KVCacheSpec, kv_cache_torch_dtype
-from lab.executor.base import ModelInfo
+from lab.executor.base import ModelInfo, eos_token_ids
 from lab.layers.ops import LayerOps
+from lab.logits_processors.base import LogitsProcessorContext
 from lab.models.loader import load_model, resolve_dtype
 from lab.quant.base import weight_bytes
 from lab.sampling.params import SamplingParams
@@ -169,10 +170,17 @@ class Worker:
 
     def _make_runner(self, num_blocks: int, max_model_len: int) -> ModelRunner:
         runner = ModelRunner(self.model, self.attn_backend, self.device, self.block_size,
-                             self.max_num_seqs, max_model_len)
+                             self.max_num_seqs, max_model_len, self._logits_processors())
         runner.initialize_cache(self.attn_backend.allocate_kv_cache(
             self.kv_spec, num_blocks, self.model.num_layers, self.device))
         return runner
+
+    def _logits_processors(self) -> list:
+        """One instance of each configured processor, for one runner."""
+        context = LogitsProcessorContext(
+            vocab_size=self.hf_config.vocab_size, max_num_reqs=self.max_num_seqs,
+            device=self.device, eos_token_ids=tuple(eos_token_ids(self.hf_config)))
+        return [make(context=context) for make in self.config.logits_processors]
 
     def initialize_cache(
         self, num_blocks: int, max_model_len: int, num_swap_blocks: int = 0

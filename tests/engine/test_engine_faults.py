@@ -90,19 +90,20 @@ def test_step_api_reports_failed_requests_with_reason_error(reference):
     llm = _llm(max_num_seqs=4)
     engine = llm.engine
     _inject(llm, {1})
-    reqs = [engine.add_request(p, GREEDY) for p in PROMPTS]
+    ids = [engine.add_request(p, GREEDY) for p in PROMPTS]
     engine.step()
     with pytest.raises(Fault):
         engine.step()
-    failed = {r.request_id for r in reqs if r.finish_reason == "error"}
-    assert failed == {r.request_id for r in reqs[:4]}  # the four the failing step scheduled
+    reported = engine.take_outputs(set(ids))
+    failed = {o.request_id for o in reported if o.outputs[0].finish_reason == "error"}
+    assert failed == set(ids[:4])  # the four the failing step scheduled
+    assert all(o.metrics.finish_reason == "error" for o in reported)
     outs = {}
     while engine.has_unfinished_requests():
         outs.update({o.request_id: o for o in engine.step() if o.finished})
-    assert {rid for rid, o in outs.items() if o.outputs[0].finish_reason == "error"} == failed
-    for req in reqs[4:]:  # not in the failing step: untouched and exact
-        assert outs[req.request_id].outputs[0].token_ids == reference[tuple(req.prompt_token_ids)]
-    assert all(outs[r].metrics.finish_reason == "error" for r in failed)
+    assert not failed & set(outs)  # reported once, by take_outputs above
+    for rid, prompt in zip(ids[4:], PROMPTS[4:]):  # not in the failing step: untouched, exact
+        assert outs[rid].outputs[0].token_ids == reference[tuple(prompt)]
     _assert_clean(llm)
 
 
@@ -155,13 +156,14 @@ def test_an_empty_step_with_unfinished_requests_is_reported_not_spun(reference):
     engine = llm.engine
     engine.scheduler.fail_step = lambda sched: []  # the old behaviour: nothing taken back
     _inject(llm, {1})
-    reqs = [engine.add_request(p, GREEDY) for p in PROMPTS[:3]]
+    ids = [engine.add_request(p, GREEDY) for p in PROMPTS[:3]]
     engine.step()
     with pytest.raises(Fault):
         engine.step()  # its requests stay RUNNING with every token marked computed
     with pytest.raises(EngineStuckError, match="scheduled no token"):
         engine.step()
-    assert all(r.finish_reason == "error" for r in reqs)
+    outs = engine.take_outputs(set(ids))
+    assert len(outs) == 3 and all(o.outputs[0].finish_reason == "error" for o in outs)
     _assert_clean_after_steps(llm)
     assert _tokens(llm.generate([[7, 8, 9]], GREEDY)) == [reference[(7, 8, 9)]]
 
@@ -213,7 +215,7 @@ def test_user_request_ids_never_collide_with_automatic_ones(reference):
     assert [o.request_id for o in rest] == ["3"] and rest[0].outputs[0].token_ids == reference[
         (7, 8, 9)]
     added = []
-    engine.scheduler.add_request = _recording(engine.scheduler.add_request, added)
+    engine.core.add_request = _recording(engine.core.add_request, added)
     llm.generate(PROMPTS[:2], GREEDY)
     assert len(added) == 2  # the next call runs exactly its own requests
 
@@ -320,11 +322,12 @@ def test_a_failure_inside_the_scheduler_fails_every_request_and_resets(reference
         return update(sched, result)
 
     engine.scheduler.update_from_output = broken
-    reqs = [engine.add_request(p, GREEDY) for p in PROMPTS[:4]]  # two run, two wait
+    ids = [engine.add_request(p, GREEDY) for p in PROMPTS[:4]]  # two run, two wait
     engine.step()
     with pytest.raises(Fault):
         engine.step()
-    assert all(r.finish_reason == "error" for r in reqs)
+    outs = engine.take_outputs(set(ids))
+    assert len(outs) == 4 and all(o.outputs[0].finish_reason == "error" for o in outs)
     assert len(engine.scheduler.kv.block_pool.cached_block_hash_to_block) == 0
     _assert_clean_after_steps(llm)
     assert _tokens(llm.generate(PROMPTS[:4], GREEDY)) == [reference[tuple(p)] for p in PROMPTS[:4]]

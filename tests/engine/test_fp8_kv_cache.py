@@ -60,19 +60,19 @@ def test_triton_equals_torch_reference_under_fp8(attention):
 def _greedy_with_logprobs(llm, prompts):
     """Greedy ids and per-step log-softmax rows, one prompt at a time (one row per step)."""
     runner = llm.engine.executor.worker.runner
-    sampler, rows = runner.sampler, []
+    forward, rows = runner.sampler.forward, []
 
     def record(logits, meta):
         rows.append(logits.float().log_softmax(-1)[0].cpu())
-        return sampler(logits, meta)
+        return forward(logits, meta)
 
-    runner.sampler = record
+    runner.sampler.forward = record
     ids, logps = [], []
     for p in prompts:
         rows.clear()
         ids.append(llm.generate([p], _params())[0].outputs[0].token_ids)
         logps.append(torch.stack(rows))
-    runner.sampler = sampler
+    del runner.sampler.forward  # the class's method again
     return ids, logps
 
 

@@ -59,17 +59,17 @@ def test_too_long_prompt_rejected_while_others_complete(llm):
     finished = {}
     while engine.has_unfinished_requests():
         finished.update({o.request_id: o for o in engine.step() if o.finished})
-    assert set(finished) == {r.request_id for r in good}
+    assert set(finished) == set(good)
     with pytest.raises(ValueError, match=r"prompts\[1\].*max_model_len"):
         llm.generate([[3], [3] * 10_000])
 
 
 def test_abort_frees_blocks(llm):
     engine = llm.engine
-    req = engine.add_request([3] * 40, SamplingParams(max_tokens=50))
+    rid = engine.add_request([3] * 40, SamplingParams(max_tokens=50))
     engine.step()
     assert engine.scheduler.kv.num_used_blocks > 0
-    (out,) = engine.abort_request([req.request_id])
+    (out,) = engine.abort_request([rid])
     assert out.outputs[0].finish_reason == "abort"
     assert engine.scheduler.kv.num_used_blocks == 0
 

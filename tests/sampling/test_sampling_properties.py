@@ -60,7 +60,7 @@ def test_masked_tokens_never_sampled(rows: list[SamplingParams], scale: float, s
 
     meta = SamplingMetadata.from_params(rows, None, "cpu")
     random_rows = ~meta.is_greedy.numpy()
-    finite = torch.isfinite(Sampler.process_logits(logits, meta)).numpy()
+    finite = torch.isfinite(Sampler().process_logits(logits, meta)).numpy()
     assert np.array_equal(finite[random_rows], kept[random_rows])
 
     torch.manual_seed(seed)

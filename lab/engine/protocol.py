@@ -1,0 +1,42 @@
+"""What crosses between the frontend (Processor / OutputProcessor) and the engine core: token
+ids, sampling parameters, logprobs as plain lists, finish reasons and request statistics. No
+text, no tokenizer, no tensors: the core can live in another process (the serving issue)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lab.metrics.stats import RequestStats
+from lab.sampling.logprobs import LogprobsLists
+from lab.sampling.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineCoreRequest:
+    """A validated, tokenized request (built by `Processor`, queued by `EngineCore`)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams  # n == 1: a parallel-sampling parent is fanned out before
+    eos_token_id: int | None
+    arrival_time: float
+    priority: int = 0
+    client_id: str | None = None
+
+
+@dataclass
+class EngineCoreOutput:
+    """What one step (or an abort, or a failed step) produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: LogprobsLists | None = None  # of the new tokens, if the request asked
+    new_prompt_logprobs: LogprobsLists | None = None  # prompt positions computed this step
+    finish_reason: str | None = None  # stop | length | abort | error | ignored
+    stop_reason: int | str | None = None  # the stop token id (the frontend: the stop string)
+    num_cached_tokens: int = 0
+    stats: RequestStats | None = None  # the finished request's life (finished outputs only)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
