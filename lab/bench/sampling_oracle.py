@@ -396,7 +396,7 @@ def compare_distributions(lab: list[dict], peer: list[dict], min_p: float = 0.05
     outcomes: less noise, a tighter bound). Ids are not compared: the random streams differ."""
     parts, ok = [], True
     prompts = []
-    for r in lab:
+    for r in [*lab, *peer]:
         if r["prompt_token_ids"] not in prompts:
             prompts.append(r["prompt_token_ids"])
     for k, pid in enumerate(prompts):
@@ -414,7 +414,7 @@ def compare_distributions(lab: list[dict], peer: list[dict], min_p: float = 0.05
         ok &= all(d <= b for d, b in dists.values())
         parts.append(f"p{k} n={n} " + " ".join(f"{name} {d:.3f}/{b:.3f}"
                                                for name, (d, b) in dists.items()))
-    return Check("first-token distribution (TV / bound)", ok, "; ".join(parts))
+    return Check("first-token distribution (TV / bound)", ok and bool(parts), "; ".join(parts))
 
 
 def check_allowed(lab: list[dict], allowed: Sequence[int]) -> Check:
