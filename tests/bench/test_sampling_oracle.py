@@ -240,3 +240,19 @@ def test_lab_matches_vllm_on_every_check(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert " NO " not in out, out
+
+
+def test_throughput_slowdown_table_side_by_side():
+    """lab.bench.throughput --sampling both: each engine's penalties+logprobs time over its
+    sampling-off time, and the penalties run's ids against lab's."""
+    from lab.bench.throughput import settings_of, slowdown_table
+
+    assert settings_of("both") == ["off", "penalties_logprobs"] and settings_of("off") == ["off"]
+    lab = {"off": (2.0, [[1, 2]]), "penalties_logprobs": (2.2, [[1, 3]])}
+    peer = {"peer": "vllm", "version": "0.32.0",
+            "runs": {"off": {"elapsed_s": 1.0, "token_ids": [[1, 2]]},
+                     "penalties_logprobs": {"elapsed_s": 1.25, "token_ids": [[1, 3]]}}}
+    rows = slowdown_table(lab, peer).splitlines()[-2:]
+    assert rows[0].split()[:4] == ["lab", "2.00", "2.20", "1.10x"]
+    assert rows[1].split()[:5] == ["vllm", "0.32.0", "1.00", "1.25", "1.25x"]
+    assert "1/1 sequences identical" in rows[1]
