@@ -487,6 +487,16 @@ def _drop_unranked(d: dict, sampled: int) -> dict:
 # Running both sides and the table
 
 
+def _count_problem(lab: list[dict], peer: list[dict]) -> str | None:
+    """Why two result lists cannot be compared pairwise (request or completion counts differ)."""
+    if len(lab) != len(peer):
+        return f"{len(lab)} vs {len(peer)} requests"
+    for i, (a, b) in enumerate(zip(lab, peer)):
+        if len(a["outputs"]) != len(b["outputs"]):
+            return f"req {i}: {len(a['outputs'])} vs {len(b['outputs'])} completions (n)"
+    return None
+
+
 def run_checks(cases: Sequence[Case], lab: dict, peer: dict,
                encode: Callable[[str], list[int]]) -> list[tuple[str, Check]]:
     """Every check of every case: [(case name, Check)]. A case missing on one side fails."""
@@ -497,7 +507,11 @@ def run_checks(cases: Sequence[Case], lab: dict, peer: dict,
             rows.append((c.name, Check("results present", False,
                                        f"lab {a is not None}, vllm {b is not None}")))
             continue
+        counts = _count_problem(a, b)
         for name in c.checks:
+            if counts and name not in ("allowed", "min_tokens", "bad_words", "scored"):
+                rows.append((c.name, Check(name, False, counts)))
+                continue
             try:
                 rows.append((c.name, _one_check(name, c, a, b, peer, encode)))
             except Exception as e:  # noqa: BLE001 - a malformed result is a failed row

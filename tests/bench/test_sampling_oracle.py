@@ -256,3 +256,12 @@ def test_throughput_slowdown_table_side_by_side():
     assert rows[0].split()[:4] == ["lab", "2.00", "2.20", "1.10x"]
     assert rows[1].split()[:5] == ["vllm", "0.32.0", "1.00", "1.25", "1.25x"]
     assert "1/1 sequences identical" in rows[1]
+
+
+def test_run_checks_reports_a_different_number_of_completions():
+    case = so.Case("n4", ["x"], {"n": 2}, ["ids", "logprobs_first"])
+    one = {"n4": [req([1], {"token_ids": [5]})]}
+    two = {"n4": [req([1], {"token_ids": [5]}, {"token_ids": [6]})]}
+    rows = so.run_checks([case], one, two, lambda s: [])
+    assert [r[1].ok for r in rows] == [False, False]
+    assert "1 vs 2 completions" in rows[0][1].value
