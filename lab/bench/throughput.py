@@ -5,10 +5,16 @@ on the same checkpoint and the same request set, in one run.
     python -m lab.bench.throughput --model bench_qwen3_06b
     python -m lab.bench.throughput --num-prompts 64 --mixed         # lengths uniform in [64, 256]
     python -m lab.bench.throughput --peer-python /work/vllm-venv/bin/python
+    python -m lab.bench.throughput --sampling both --no-hf --peer-python /work/vllm-venv/bin/python
 
 Every request is greedy with ignore_eos, so all engines produce exactly the same number of
 tokens; the token ids of lab are compared with HF's (and the peer's). Prints output tok/s for each
 engine and the ratios.
+
+--sampling penalties_logprobs gives every request presence_penalty=0.5, frequency_penalty=0.5,
+repetition_penalty=1.1 and logprobs=5 (HF generate is skipped: it has no presence/frequency
+penalties); --sampling both times lab (and the peer) with sampling off, then with that, each on
+one engine, and also prints each engine's slowdown side by side.
 """
 
 from __future__ import annotations
@@ -34,15 +40,39 @@ def make_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
     return [torch.randint(3, vocab - 1, (int(n),), generator=g).tolist() for n in lens]
 
 
+# Extra SamplingParams of each --sampling setting (vllm_peer.py has the same table).
+SAMPLING = {
+    "off": {},
+    "penalties_logprobs": {"presence_penalty": 0.5, "frequency_penalty": 0.5,
+                           "repetition_penalty": 1.1, "logprobs": 5},
+}
+
+
+def settings_of(sampling: str) -> list[str]:
+    """The --sampling settings to time, in order (`both`: off, then penalties_logprobs)."""
+    return ["off", "penalties_logprobs"] if sampling == "both" else [sampling]
+
+
 def run_lab(path: Path, prompts, args) -> tuple[float, list[list[int]]]:
+    """The first setting's (seconds, token ids): what the main table shows."""
+    return run_lab_settings(path, prompts, args)[settings_of(args.sampling)[0]]
+
+
+def run_lab_settings(path: Path, prompts, args) -> dict[str, tuple[float, list[list[int]]]]:
+    """{setting: (seconds, token ids)} for each --sampling setting, timed on one LLM, each after
+    a short warm-up with that setting's params."""
     llm = LLM(str(path), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens,
               cpu_kv_cache_gb=1.0)  # a CPU cache every request fits in: speed, not preemption
-    sp = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
-    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, sp)
-    return time.perf_counter() - t0, [o.outputs[0].token_ids for o in outs]
+    out = {}
+    for setting in settings_of(args.sampling):
+        extra = SAMPLING[setting]
+        sp = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True, **extra)
+        llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, **extra))  # warm-up
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, sp)
+        out[setting] = time.perf_counter() - t0, [o.outputs[0].token_ids for o in outs]
+    return out
 
 
 @torch.inference_mode()
@@ -80,6 +110,8 @@ def run_peer(python: str, path: Path, prompts, args) -> dict:
                "--max-tokens", str(args.output_len), "--out", str(rfile), "--dtype", args.dtype,
                "--max-num-seqs", str(args.max_num_seqs),
                "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+        if args.sampling != "off":
+            cmd += ["--sampling", args.sampling]
         subprocess.run(cmd, check=True, stdout=sys.stderr)
         return json.loads(rfile.read_text())
 
@@ -105,6 +137,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--peer-python", default=None, help="python of a venv with vLLM installed")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sampling", default="off", choices=[*SAMPLING, "both"],
+                   help="sampling features on every request (both: off, then "
+                        "penalties_logprobs, and the slowdown of each engine)")
     return p.parse_args(argv)
 
 
@@ -115,9 +150,13 @@ def main(argv=None) -> None:
     prompts = make_prompts(args, vocab)
     n_out = len(prompts) * args.output_len
     rows = []
-    t_lab, lab_ids = run_lab(path, prompts, args)
+    lab_runs = run_lab_settings(path, prompts, args)
+    t_lab, lab_ids = lab_runs[settings_of(args.sampling)[0]]
     rows.append(("lab", t_lab, "-"))
-    if not args.no_hf:
+    peer = None
+    if not args.no_hf and args.sampling == "penalties_logprobs":
+        print("hf generate skipped: it has no presence/frequency penalties", file=sys.stderr)
+    elif not args.no_hf:
         t_hf, hf_ids = run_hf(path, prompts, args)
         rows.append(("hf generate", t_hf, match_rate(lab_ids, hf_ids)))
     if args.peer_python:
@@ -126,9 +165,32 @@ def main(argv=None) -> None:
                      match_rate(lab_ids, peer["token_ids"])))
     print(f"\nmodel {args.model}  prompts {len(prompts)}  output {args.output_len} tokens each  "
           f"dtype {args.dtype}  threads {torch.get_num_threads()}")
+    if args.sampling != "off":
+        print(f"sampling {args.sampling} (the table below: {settings_of(args.sampling)[0]})")
     print(f"{'engine':<22}{'seconds':>10}{'output tok/s':>15}{'lab / this':>12}  token ids vs lab")
     for name, t, match in rows:
         print(f"{name:<22}{t:>10.2f}{n_out / t:>15.1f}{t / t_lab:>12.2f}  {match}")
+    if args.sampling == "both":
+        print(slowdown_table(lab_runs, peer))
+
+
+def slowdown_table(lab_runs: dict, peer: dict | None) -> str:
+    """Each engine's time with sampling off and with penalties_logprobs, and the slowdown
+    (penalties_logprobs / off) side by side; the token ids of the penalties run vs lab's."""
+    rows = [("lab", lab_runs["off"][0], lab_runs["penalties_logprobs"][0], "-")]
+    if peer is not None:
+        runs = peer["runs"]
+        rows.append((f"{peer['peer']} {peer['version']}", runs["off"]["elapsed_s"],
+                     runs["penalties_logprobs"]["elapsed_s"],
+                     match_rate(lab_runs["penalties_logprobs"][1],
+                                runs["penalties_logprobs"]["token_ids"])))
+    lines = ["", "sampling features: penalties (presence 0.5, frequency 0.5, repetition 1.1) + "
+                 "logprobs=5 on every request",
+             f"{'engine':<22}{'off s':>10}{'penalties+lp s':>16}{'slowdown':>10}  "
+             "token ids vs lab (penalties)"]
+    for name, off, on, match in rows:
+        lines.append(f"{name:<22}{off:>10.2f}{on:>16.2f}{on / off:>9.2f}x  {match}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

