@@ -236,7 +236,9 @@ def compare_finish(lab: list[dict], peer: list[dict]) -> Check:
 def compare_position(a: dict | None, b: dict | None, tol: float = TOL) -> tuple[float, list[str]]:
     """One position's logprob dicts {token: (logprob, rank, decoded)}: (max |Δ logprob| over the
     tokens in both, problems). A token in one dict only is a problem unless it sits at the top-k
-    boundary (its logprob within tol of the other dict's smallest): a tie decides membership."""
+    boundary (its logprob within tol of the other dict's smallest): a tie decides membership.
+    Likewise a rank may differ by as many tokens as lie within tol of its logprob (a near-tie
+    that the two engines' float rounding orders differently)."""
     if a is None or b is None:
         return 0.0, [] if a is None and b is None else ["None vs dict"]
     worst, problems = 0.0, []
@@ -246,7 +248,8 @@ def compare_position(a: dict | None, b: dict | None, tol: float = TOL) -> tuple[
         worst = max(worst, d if not math.isnan(d) else math.inf)
         if d > tol or math.isnan(d):
             problems.append(f"token {t}: logprob {la:.6f} vs {lb:.6f}")
-        if ra != rb:
+        ties = sum(1 for u, v in a.items() if u != t and abs(v[0] - la) <= tol)
+        if ra is not None and rb is not None and abs(ra - rb) > ties:
             problems.append(f"token {t}: rank {ra} vs {rb}")
         if da != db:
             problems.append(f"token {t}: decoded {da!r} vs {db!r}")

@@ -265,3 +265,11 @@ def test_run_checks_reports_a_different_number_of_completions():
     rows = so.run_checks([case], one, two, lambda s: [])
     assert [r[1].ok for r in rows] == [False, False]
     assert "1 vs 2 completions" in rows[0][1].value
+
+
+def test_a_near_tie_may_swap_ranks_but_a_real_rank_difference_may_not():
+    a = lp((5, -0.5, 1), (6, -1.200001, 2), (7, -1.2, 3))
+    tied = lp((5, -0.5, 1), (6, -1.200001, 3), (7, -1.2, 2))  # 6 and 7 within tol: either order
+    assert not so.compare_position(a, tied)[1]
+    wrong = lp((5, -0.5, 2), (6, -1.200001, 2), (7, -1.2, 3))  # 5 is alone at its logprob
+    assert any("rank" in p for p in so.compare_position(a, wrong)[1])
