@@ -55,10 +55,11 @@ def request_params(draw, names):
     return SamplingParams(**fields)
 
 
-def run_steps(data, names, steps=6):
+def run_steps(data, names, steps=6, device="cpu"):
     """Drive the processors `names` (in that order) over `steps` steps of a changing batch and
     check every row against the chained references after each apply."""
-    procs = [make(name) for name in names]
+    context = LogitsProcessorContext(V, MAX_REQS, torch.device(device), EOS)
+    procs = [make(name, context) for name in names]
     batch = PersistentBatch(MAX_REQS)
     requests: dict[str, tuple] = {}  # every request ever added: (params, prompt, live output)
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="seed"))
@@ -89,9 +90,10 @@ def run_steps(data, names, steps=6):
         n = batch.num_reqs
         logits = torch.randn(n, V, generator=gen) * 3
         logits[logits.abs() < 0.5] = 0.0  # a logit of exactly 0 is not > 0 (multiplied)
-        out = logits.clone()
+        out = logits.to(device, copy=True)
         for proc in procs:
             out = proc.apply(out)
+        out = out.cpu()
         expected = [apply_reference(names, logits[i], *requests[r], EOS)
                     for i, r in enumerate(batch.req_ids)]
         assert torch.equal(out, torch.stack(expected) if n else out), (names, batch.req_ids)
@@ -101,7 +103,7 @@ def run_steps(data, names, steps=6):
             if token >= 0:
                 requests[req_id][2].append(token)
         for proc in procs:
-            proc.on_sampled(torch.tensor(sampled, dtype=torch.long))
+            proc.on_sampled(torch.tensor(sampled, dtype=torch.long, device=device))
 
 
 @pytest.mark.parametrize("name", BUILTINS)
@@ -113,6 +115,12 @@ def test_processor_matches_reference_over_a_changing_batch(name, data):
 @given(data=st.data())
 def test_all_builtins_chained_match_the_references(data):
     run_steps(data, list(BUILTINS))
+
+
+@pytest.mark.gpu
+@given(data=st.data())
+def test_all_builtins_chained_on_cuda_match_the_references(data):
+    run_steps(data, list(BUILTINS), device="cuda")
 
 
 def test_conf_options_are_the_builtins():
