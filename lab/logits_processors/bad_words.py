@@ -22,18 +22,22 @@ class BadWordsLogitsProcessor(RowStateLogitsProcessor):
     -inf/+inf."""
 
     def uses(self, added: AddedRequest) -> bool:
+        """A request with bad words (as token ids)."""
         return bool(added.params.bad_words_token_ids)
 
     def _allocate(self) -> None:
+        """One empty word slot and zero-width prefixes/history to start."""
         self.last = self._zeros(1, dtype=torch.long)
         self.plen = self._zeros(1, dtype=torch.long, fill=-1)
         self.prefix = self._zeros(1, 0, dtype=torch.long, fill=-1)
         self.history = self._zeros(0, dtype=torch.long, fill=-1)
 
     def _row_tensors(self) -> list[tuple[torch.Tensor, object]]:
+        """Words' last tokens, prefix lengths (neutral -1: no word), prefixes, history."""
         return [(self.last, 0), (self.plen, -1), (self.prefix, -1), (self.history, -1)]
 
     def _set_row(self, added: AddedRequest) -> None:
+        """The row's words (right-aligned prefixes) and the tail of its output so far."""
         words = added.params.bad_words_token_ids
         num_words, width = len(words), max(len(w) for w in words) - 1
         self.last = widen(self.last, 1, num_words, 0)

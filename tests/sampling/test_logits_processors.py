@@ -109,21 +109,25 @@ def run_steps(data, names, steps=6, device="cpu"):
 @pytest.mark.parametrize("name", BUILTINS)
 @given(data=st.data())
 def test_processor_matches_reference_over_a_changing_batch(name, data):
+    """Each built-in alone, rows with and without its parameter."""
     run_steps(data, [name])
 
 
 @given(data=st.data())
 def test_all_builtins_chained_match_the_references(data):
+    """All five in BUILTINS order (vLLM's), against the chained references."""
     run_steps(data, list(BUILTINS))
 
 
 @pytest.mark.gpu
 @given(data=st.data())
 def test_all_builtins_chained_on_cuda_match_the_references(data):
+    """The same on CUDA (the device ops must be exact too)."""
     run_steps(data, list(BUILTINS), device="cuda")
 
 
 def test_conf_options_are_the_builtins():
+    """conf/logits_processors holds exactly the built-ins, each building its class."""
     assert options("logits_processors") == sorted(BUILTINS)
     assert all(not make(name).is_argmax_invariant() for name in BUILTINS)
 
@@ -177,6 +181,7 @@ def test_presence_and_frequency_count_only_the_output():
 
 
 def test_two_token_bad_word_bans_its_last_token_only_after_its_first():
+    """vLLM: [4, 7] bans 7 only right after a 4; a 1-token word always bans."""
     params = SamplingParams(bad_words_token_ids=[[4, 7], [2]])
     inf = float("-inf")
     row = [0.0] * 8
@@ -186,6 +191,7 @@ def test_two_token_bad_word_bans_its_last_token_only_after_its_first():
 
 
 def test_min_tokens_masks_eos_even_with_ignore_eos_until_reached():
+    """EOS (1, 2) and the stop token 5 are masked while the output is short."""
     inf = float("-inf")
     params = SamplingParams(min_tokens=2, ignore_eos=True, stop_token_ids=[5])
     assert one_row("min_tokens", params, None, [3], [0.0] * 6) == [0, inf, inf, 0, 0, inf]
