@@ -30,6 +30,7 @@ class RowStateLogitsProcessor(LogitsProcessor):
     fills its row (`_set_row`)."""
 
     def __init__(self, context: LogitsProcessorContext) -> None:
+        """No state tensors yet: they come with the first request that uses the processor."""
         super().__init__(context)
         self.device = torch.device(context.device)
         self.active: set[int] = set()  # rows whose request uses the processor

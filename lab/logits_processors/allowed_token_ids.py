@@ -16,15 +16,19 @@ class AllowedTokenIdsLogitsProcessor(RowStateLogitsProcessor):
     restrict), as vLLM keeps it; one masked_fill over the batch per step."""
 
     def uses(self, added: AddedRequest) -> bool:
+        """A request that restricts its tokens."""
         return added.params.allowed_token_ids is not None
 
     def _allocate(self) -> None:
+        """The [max_num_reqs, vocab] banned-token mask, all False."""
         self.banned = self._zeros(self.context.vocab_size, dtype=torch.bool)
 
     def _row_tensors(self) -> list[tuple[torch.Tensor, object]]:
+        """The banned-token mask (neutral: nothing banned)."""
         return [(self.banned, False)]
 
     def _set_row(self, added: AddedRequest) -> None:
+        """Ban every token, then un-ban the allowed ones."""
         row = added.index
         self.banned[row] = True
         self.banned[row, self._tensor(list(added.params.allowed_token_ids), torch.long)] = False

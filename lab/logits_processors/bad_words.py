@@ -16,24 +16,28 @@ class BadWordsLogitsProcessor(RowStateLogitsProcessor):
     State, padded to the most words (W) and the longest prefix (P) seen:
     `last` [R, W] each word's banned token; `plen` [R, W] its prefix length (-1: no word);
     `prefix` [R, W, P] the prefix right-aligned; `history` [R, P] the row's last P output
-    tokens right-aligned (kept up to date in `on_sampled`); `num_output` [R]. `apply` compares
-    all (row, word) pairs at once and bans with one scatter_reduce(amin) of -inf/+inf."""
+    tokens right-aligned (kept up to date in `on_sampled`), -1 before its first token, so a
+    row with fewer output tokens than a prefix cannot match it (tokens are >= 0). `apply`
+    compares all (row, word) pairs at once and bans with one scatter_reduce(amin) of
+    -inf/+inf."""
 
     def uses(self, added: AddedRequest) -> bool:
+        """A request with bad words (as token ids)."""
         return bool(added.params.bad_words_token_ids)
 
     def _allocate(self) -> None:
+        """One empty word slot and zero-width prefixes/history to start."""
         self.last = self._zeros(1, dtype=torch.long)
         self.plen = self._zeros(1, dtype=torch.long, fill=-1)
         self.prefix = self._zeros(1, 0, dtype=torch.long, fill=-1)
         self.history = self._zeros(0, dtype=torch.long, fill=-1)
-        self.num_output = self._zeros(dtype=torch.long)
 
     def _row_tensors(self) -> list[tuple[torch.Tensor, object]]:
-        return [(self.last, 0), (self.plen, -1), (self.prefix, -1), (self.history, -1),
-                (self.num_output, 0)]
+        """Words' last tokens, prefix lengths (neutral -1: no word), prefixes, history."""
+        return [(self.last, 0), (self.plen, -1), (self.prefix, -1), (self.history, -1)]
 
     def _set_row(self, added: AddedRequest) -> None:
+        """The row's words (right-aligned prefixes) and the tail of its output so far."""
         words = added.params.bad_words_token_ids
         num_words, width = len(words), max(len(w) for w in words) - 1
         self.last = widen(self.last, 1, num_words, 0)
@@ -53,7 +57,6 @@ class BadWordsLogitsProcessor(RowStateLogitsProcessor):
         self.plen[row] = self._tensor(plen, torch.long)
         self.prefix[row] = self._tensor(prefix, torch.long)
         self.history[row] = self._tensor([-1] * (p_max - len(tail)) + tail, torch.long)
-        self.num_output[row] = len(output)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """-inf at the last token of every bad word whose prefix the row just generated."""
@@ -64,7 +67,7 @@ class BadWordsLogitsProcessor(RowStateLogitsProcessor):
         # position j of the right-aligned prefix is part of the word iff j >= P - plen
         in_word = torch.arange(p_max, device=logits.device) >= (p_max - plen)[..., None]
         same = (self.prefix[:n] == self.history[:n, None, :]) | ~in_word
-        match = same.all(dim=2) & (plen >= 0) & (self.num_output[:n, None] >= plen)
+        match = same.all(dim=2) & (plen >= 0)
         fill = torch.where(match, float("-inf"), float("inf")).to(logits.dtype)
         return logits.scatter_reduce_(1, self.last[:n], fill, reduce="amin")
 
@@ -72,10 +75,7 @@ class BadWordsLogitsProcessor(RowStateLogitsProcessor):
         """Shift each row's sampled token into its history (rows with -1 keep theirs)."""
         if not self.active:
             return
-        n = token_ids.shape[0]
-        appended = token_ids >= 0
-        self.num_output[:n] += appended.long()
         if self.history.shape[1]:
-            history = self.history[:n]
+            history = self.history[:token_ids.shape[0]]
             shifted = torch.cat([history[:, 1:], token_ids[:, None]], dim=1)
-            history.copy_(torch.where(appended[:, None], shifted, history))
+            history.copy_(torch.where((token_ids >= 0)[:, None], shifted, history))

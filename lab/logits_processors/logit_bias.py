@@ -15,16 +15,20 @@ class LogitBiasLogitsProcessor(RowStateLogitsProcessor):
     token 0 with bias 0.0, which adds nothing); one scatter_add over the batch per step."""
 
     def uses(self, added: AddedRequest) -> bool:
+        """A request with a non-empty logit_bias."""
         return bool(added.params.logit_bias)
 
     def _allocate(self) -> None:
+        """One (token 0, bias 0.0) column to start; widened by the widest request."""
         self.tokens = self._zeros(1, dtype=torch.long)
         self.biases = self._zeros(1, dtype=torch.float32)
 
     def _row_tensors(self) -> list[tuple[torch.Tensor, object]]:
+        """Biased tokens (neutral 0) and biases (neutral 0.0)."""
         return [(self.tokens, 0), (self.biases, 0.0)]
 
     def _set_row(self, added: AddedRequest) -> None:
+        """The row's (token, bias) pairs, padded with (0, 0.0)."""
         bias = added.params.logit_bias
         width = len(bias)
         self.tokens = widen(self.tokens, 1, width, 0)

@@ -18,17 +18,21 @@ class MinTokensLogitsProcessor(RowStateLogitsProcessor):
     scatter_reduce(amin) of -inf (row still short) or +inf (no-op) over the batch."""
 
     def uses(self, added: AddedRequest) -> bool:
+        """A request with min_tokens still ahead of its output and some stop token to mask."""
         return (added.params.min_tokens > len(added.output_token_ids)
                 and bool(stop_token_ids(added.params, self.context.eos_token_ids)))
 
     def _allocate(self) -> None:
+        """Tokens still owed (0: neutral) and stop tokens, one column to start."""
         self.remaining = self._zeros(dtype=torch.long)
         self.stops = self._zeros(1, dtype=torch.long)
 
     def _row_tensors(self) -> list[tuple[torch.Tensor, object]]:
+        """remaining (neutral 0) and the stop tokens."""
         return [(self.remaining, 0), (self.stops, 0)]
 
     def _set_row(self, added: AddedRequest) -> None:
+        """The row's stop tokens (padded with its first) and how many tokens it still owes."""
         stops = stop_token_ids(added.params, self.context.eos_token_ids)
         if len(stops) > self.stops.shape[1]:  # other rows pad with their first stop token too
             extra = len(stops) - self.stops.shape[1]

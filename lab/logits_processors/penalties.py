@@ -19,11 +19,13 @@ class PenaltiesLogitsProcessor(RowStateLogitsProcessor):
     stale: their penalties make them no-ops."""
 
     def uses(self, added: AddedRequest) -> bool:
+        """A request with any penalty that is not a no-op."""
         p = added.params
         return (p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
                 or p.presence_penalty != 0.0)
 
     def _allocate(self) -> None:
+        """Neutral penalties, an empty prompt mask and zero counts in every row."""
         vocab = self.context.vocab_size
         self.repetition = self._zeros(dtype=torch.float32, fill=1.0)
         self.frequency = self._zeros(dtype=torch.float32)
@@ -33,10 +35,12 @@ class PenaltiesLogitsProcessor(RowStateLogitsProcessor):
         self.rows = torch.arange(self.context.max_num_reqs, device=self.device)
 
     def _row_tensors(self) -> list[tuple[torch.Tensor, object]]:
+        """The penalties (neutral 1, 0, 0), the prompt mask and the output counts."""
         return [(self.repetition, 1.0), (self.frequency, 0.0), (self.presence, 0.0),
                 (self.in_prompt, False), (self.counts, 0)]
 
     def _set_row(self, added: AddedRequest) -> None:
+        """The row's penalties, prompt tokens and the counts of the output it has so far."""
         row, p = added.index, added.params
         self.repetition[row] = p.repetition_penalty
         self.frequency[row] = p.frequency_penalty

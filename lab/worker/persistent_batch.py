@@ -44,6 +44,7 @@ class PersistentBatch:
     """Request ids at dense batch rows, recording changes as logits-processor BatchUpdates."""
 
     def __init__(self, max_num_reqs: int) -> None:
+        """An empty batch of at most max_num_reqs rows."""
         if max_num_reqs < 1:
             raise ValueError(f"max_num_reqs must be at least 1, got {max_num_reqs}")
         self.max_num_reqs = max_num_reqs
@@ -81,9 +82,11 @@ class PersistentBatch:
         return self._index[req_id]
 
     def __contains__(self, req_id: object) -> bool:
+        """Whether a request id is in the batch."""
         return req_id in self._index
 
     def __len__(self) -> int:
+        """Requests in the batch (num_reqs)."""
         return len(self._index)
 
     # ---- changes -------------------------------------------------------------------------
@@ -187,6 +190,7 @@ class PersistentBatch:
             self._before[index] = self._slots[index] if index < len(self._slots) else None
 
     def _note_add_or_remove(self) -> None:
+        """An add or remove after a move: the update will be derived, not replayed."""
         if self._moved:
             self._reordered_after_move = True
 

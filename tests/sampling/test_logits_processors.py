@@ -16,7 +16,7 @@ from lab.worker.persistent_batch import PersistentBatch
 from tests.options import build, options
 
 V, MAX_REQS, EOS = 32, 6, (1, 2)
-SMALL = st.integers(0, 7)  # tokens the words, prompts and samples mostly share, so they match
+SMALL = st.integers(0, 3)  # tokens the words, prompts and samples mostly share, so they match
 TOKEN = st.one_of(SMALL, st.integers(0, V - 1))
 CTX = LogitsProcessorContext(vocab_size=V, max_num_reqs=MAX_REQS, eos_token_ids=EOS)
 
@@ -55,10 +55,11 @@ def request_params(draw, names):
     return SamplingParams(**fields)
 
 
-def run_steps(data, names, steps=5):
+def run_steps(data, names, steps=6, device="cpu"):
     """Drive the processors `names` (in that order) over `steps` steps of a changing batch and
     check every row against the chained references after each apply."""
-    procs = [make(name) for name in names]
+    context = LogitsProcessorContext(V, MAX_REQS, torch.device(device), EOS)
+    procs = [make(name, context) for name in names]
     batch = PersistentBatch(MAX_REQS)
     requests: dict[str, tuple] = {}  # every request ever added: (params, prompt, live output)
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="seed"))
@@ -76,7 +77,8 @@ def run_steps(data, names, steps=5):
             else:
                 req_id = f"r{len(requests)}"
                 prompt = data.draw(st.one_of(st.none(), st.lists(TOKEN, max_size=6)))
-                requests[req_id] = (data.draw(request_params(names)), prompt, [])
+                output = data.draw(st.lists(SMALL, max_size=4))  # as if resumed: has some
+                requests[req_id] = (data.draw(request_params(names)), prompt, output)
             batch.add(req_id, *requests[req_id])
         batch.condense()
         if batch.num_reqs > 1 and data.draw(st.booleans(), label="swap"):
@@ -88,9 +90,10 @@ def run_steps(data, names, steps=5):
         n = batch.num_reqs
         logits = torch.randn(n, V, generator=gen) * 3
         logits[logits.abs() < 0.5] = 0.0  # a logit of exactly 0 is not > 0 (multiplied)
-        out = logits.clone()
+        out = logits.to(device, copy=True)
         for proc in procs:
             out = proc.apply(out)
+        out = out.cpu()
         expected = [apply_reference(names, logits[i], *requests[r], EOS)
                     for i, r in enumerate(batch.req_ids)]
         assert torch.equal(out, torch.stack(expected) if n else out), (names, batch.req_ids)
@@ -100,21 +103,31 @@ def run_steps(data, names, steps=5):
             if token >= 0:
                 requests[req_id][2].append(token)
         for proc in procs:
-            proc.on_sampled(torch.tensor(sampled, dtype=torch.long))
+            proc.on_sampled(torch.tensor(sampled, dtype=torch.long, device=device))
 
 
 @pytest.mark.parametrize("name", BUILTINS)
 @given(data=st.data())
 def test_processor_matches_reference_over_a_changing_batch(name, data):
+    """Each built-in alone, rows with and without its parameter."""
     run_steps(data, [name])
 
 
 @given(data=st.data())
 def test_all_builtins_chained_match_the_references(data):
+    """All five in BUILTINS order (vLLM's), against the chained references."""
     run_steps(data, list(BUILTINS))
 
 
+@pytest.mark.gpu
+@given(data=st.data())
+def test_all_builtins_chained_on_cuda_match_the_references(data):
+    """The same on CUDA (the device ops must be exact too)."""
+    run_steps(data, list(BUILTINS), device="cuda")
+
+
 def test_conf_options_are_the_builtins():
+    """conf/logits_processors holds exactly the built-ins, each building its class."""
     assert options("logits_processors") == sorted(BUILTINS)
     assert all(not make(name).is_argmax_invariant() for name in BUILTINS)
 
@@ -140,6 +153,7 @@ def test_apply_is_the_identity_when_no_row_uses_it(name):
     assert proc.allocated and not torch.equal(proc.apply(torch.ones(4, V)), torch.ones(4, V))
     batch.remove("user")
     proc.update_state(batch.take_update())
+    assert not proc.active
     assert proc.apply(logits) is logits and torch.equal(logits, before)
 
 
@@ -167,6 +181,7 @@ def test_presence_and_frequency_count_only_the_output():
 
 
 def test_two_token_bad_word_bans_its_last_token_only_after_its_first():
+    """vLLM: [4, 7] bans 7 only right after a 4; a 1-token word always bans."""
     params = SamplingParams(bad_words_token_ids=[[4, 7], [2]])
     inf = float("-inf")
     row = [0.0] * 8
@@ -176,6 +191,7 @@ def test_two_token_bad_word_bans_its_last_token_only_after_its_first():
 
 
 def test_min_tokens_masks_eos_even_with_ignore_eos_until_reached():
+    """EOS (1, 2) and the stop token 5 are masked while the output is short."""
     inf = float("-inf")
     params = SamplingParams(min_tokens=2, ignore_eos=True, stop_token_ids=[5])
     assert one_row("min_tokens", params, None, [3], [0.0] * 6) == [0, inf, inf, 0, 0, inf]

@@ -41,6 +41,7 @@ def check_invariants(batch: PersistentBatch, live: dict) -> None:
 
 
 def truth(batch: PersistentBatch, serial_of: dict) -> dict:
+    """{row: serial} of what the batch holds now."""
     return {i: serial_of[r] for i, r in enumerate(batch.req_ids) if r is not None}
 
 
@@ -127,6 +128,7 @@ def test_swap_and_trailing_remove():
 
 
 def test_full_batch_refuses_an_add():
+    """max_num_reqs is a hard limit."""
     batch = PersistentBatch(2)
     batch.add("a", P, None, [])
     batch.add("b", P, None, [])
