@@ -14,15 +14,20 @@ tokenizers' `DecodeStream` (Rust; it buffers the bytes of a UTF-8 character spli
 byte-level tokens until the character is complete), the fallback is the prefix/read-offset
 algorithm of vLLM's slow path (decode a small window, emit what it added past the previous
 window, hold back text that ends in U+FFFD). Either way the concatenated text equals
-`tokenizer.decode(output_ids, skip_special_tokens=...)` for any split of the tokens into steps.
+`tokenizer.decode(output_ids, skip_special_tokens=...)` for any split of the tokens into steps,
+except at the end, as in vLLM: text that still ends in U+FFFD (bytes of a character that never
+completed) is never emitted, so a request that finishes mid-character ends without them
+(a U+FFFD followed by more text stays). The text of a stop token (EOS, stop_token_ids) that
+finished the request is left out unless include_stop_str_in_output.
 
-One deliberate difference from vLLM: when the request finishes, bytes still waiting for the rest
-of their character are flushed (decoded as U+FFFD, as `decode` does) instead of dropped, so the
-final text equals the full decode of the output; a request cut by a stop string flushes nothing.
+Logprob entries are decoded apart from the text (`decode_logprob_tokens`): each token alone,
+then, for one that is only part of a character, with the request's preceding tokens as context
+(vLLM's LogprobsProcessor).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from bisect import bisect_left
 from collections.abc import Sequence
@@ -36,6 +41,11 @@ logger = logging.getLogger(__name__)
 _REPLACEMENT = "\ufffd"  # what an incomplete UTF-8 sequence decodes to
 # Tokens of the prompt's tail the slow path decodes as context (vLLM: 5, plus 2 for specials).
 _PREFIX_WINDOW = 5
+# Preceding tokens a logprob entry's U+FFFD text is corrected with (vLLM: 4, a UTF-8 sequence).
+_MAX_LOGPROB_CONTEXT = 4
+# Where the leading-space marker of a tokenizer is cached on it.
+_MARKER_CACHE = "_lab_leading_space_marker"
+_UNSET = object()
 # The Rust error DecodeStream raises when its state no longer prefixes the decoded text.
 _INVALID_PREFIX = "Invalid prefix encountered"
 
@@ -54,26 +64,115 @@ def _decode_stream_class():
     return DecodeStream
 
 
-def _prompt_context(tokenizer, prompt_token_ids: Sequence[int], skip_special_tokens: bool):
-    """The prompt's last few tokens, as decoding context for the first output tokens, minus
-    trailing tokens that leave a character unfinished: a prompt cut mid-character (ids, not
-    text) must not have its dangling bytes emitted as output text, whose full decode shows
-    them as U+FFFD instead."""
-    tail = list(prompt_token_ids[-_PREFIX_WINDOW - 2:])
-    while tail and _hf(tokenizer).decode(
-            tail, skip_special_tokens=skip_special_tokens).endswith(_REPLACEMENT):
-        tail.pop()
-    return tail
+def _leading_space_marker(hf) -> str | None:
+    """The replacement character of a Metaspace (SentencePiece-style) pre-tokenizer, whose
+    leading instance `decode` strips from a lone token; None for other tokenizers (byte-level
+    BPE, WordPiece, slow ones), whose single-token decode keeps its spaces. Read once from the
+    backend's config and cached on the tokenizer (vLLM's `get_leading_space_marker`)."""
+    cached = getattr(hf, _MARKER_CACHE, _UNSET)
+    if cached is not _UNSET:
+        return cached
+    marker = None
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is not None:
+        try:
+            pre = json.loads(backend.to_str()).get("pre_tokenizer") or {}
+        except Exception:  # a backend that cannot serialize itself: no marker known
+            pre = {}
+        subs = (pre.get("pretokenizers") or []) if pre.get("type") == "Sequence" else [pre]
+        for sub in subs:
+            if (sub or {}).get("type") == "Metaspace":
+                marker = sub.get("replacement", "\u2581")
+                break
+    try:
+        setattr(hf, _MARKER_CACHE, marker)
+    except AttributeError:
+        pass
+    return marker
+
+
+def _decode_ids(hf, ids: Sequence[int]) -> str:
+    """`decode(ids)` as vLLM's logprob code calls it: special tokens kept; ids the tokenizer
+    cannot take at all (negative) read as "" instead of raising."""
+    try:
+        return hf.decode(list(ids)) or ""
+    except (OverflowError, TypeError):
+        return ""
 
 
 def decode_logprob_token(tokenizer, token_id: int) -> str:
-    """The text a logprob entry shows for one token (vLLM's `decoded_token`): the token's
-    vocabulary string turned into text on its own; "" for an id the tokenizer does not know."""
+    """The text of one token on its own, as a logprob entry shows it before any UTF-8
+    correction (vLLM's `convert_ids_list_to_tokens`): `decode([token_id])` with special tokens
+    kept; for a SentencePiece-style tokenizer the leading spaces that decode strips from a lone
+    token (its leading "\u2581" markers) are put back. "" for an id the tokenizer does not know.
+    A byte-level token that is only part of a character decodes to "\ufffd" here;
+    `decode_logprob_tokens` corrects that with the request's preceding tokens."""
     hf = _hf(tokenizer)
-    token = hf.convert_ids_to_tokens(int(token_id))
-    if token is None:
-        return ""
-    return hf.convert_tokens_to_string([token])
+    text = _decode_ids(hf, [int(token_id)])
+    marker = _leading_space_marker(hf)
+    if marker is None:
+        return text
+    try:
+        raw = hf.convert_ids_to_tokens(int(token_id))
+    except (OverflowError, TypeError):
+        raw = None
+    if not raw:
+        return text
+    markers = len(raw) - len(raw.lstrip(marker))
+    missing = markers - (len(text) - len(text.lstrip(" ")))
+    return " " * missing + text if missing > 0 else text
+
+
+def _correct_decoded_token(hf, token_id: int, context_token_ids: Sequence[int]) -> str:
+    """The text of a token whose lone decode ends in U+FFFD (a byte of a multi-byte character),
+    decoded after the last 1..4 context tokens (vLLM's `_correct_decoded_token`): with the
+    fewest context tokens whose joint decode no longer ends in U+FFFD, the text past the clean
+    context (the context tokens before its own trailing run of lone-U+FFFD tokens, whose bytes
+    this token completes and so are attributed to it). "" when no context completes it (the
+    character is still unfinished, or there is no context)."""
+    context_token_ids = list(context_token_ids)
+    for num_ctx in range(1, min(len(context_token_ids), _MAX_LOGPROB_CONTEXT) + 1):
+        context = context_token_ids[-num_ctx:]
+        full = _decode_ids(hf, [*context, token_id])
+        if full.endswith(_REPLACEMENT):
+            continue
+        clean_end = len(context)
+        while clean_end > 0 and _decode_ids(hf, [context[clean_end - 1]]).endswith(_REPLACEMENT):
+            clean_end -= 1
+        clean_prefix = _decode_ids(hf, context[:clean_end]) if clean_end else ""
+        if full.startswith(clean_prefix):
+            return full[len(clean_prefix):]
+        # normalization changed the prefix: cut at the longest common prefix instead
+        common = 0
+        for a, b in zip(clean_prefix, full, strict=False):
+            if a != b:
+                break
+            common += 1
+        return full[common:]
+    return ""
+
+
+def decode_logprob_tokens(
+    tokenizer, token_ids_at_position: Sequence[int], context_token_ids: Sequence[int]
+) -> list[str]:
+    """The decoded_token of each logprob entry at one position (the position's own token, then
+    its top-k alternatives), as vLLM's LogprobsProcessor gives them: each token decoded alone
+    (`decode_logprob_token`); one whose text ends in U+FFFD is redone with the request's
+    preceding tokens as context (`_correct_decoded_token`): "" while its character is still
+    unfinished, the completed character once it completes one.
+
+    `context_token_ids` are the own tokens of the request's previous positions, oldest first
+    (the sampled tokens for sample logprobs, the prompt tokens for prompt logprobs); only the
+    last 4 are used (the longest UTF-8 sequence)."""
+    hf = _hf(tokenizer)
+    context = [int(t) for t in context_token_ids[-_MAX_LOGPROB_CONTEXT:]]
+    texts = []
+    for token_id in token_ids_at_position:
+        text = decode_logprob_token(hf, token_id)
+        if text.endswith(_REPLACEMENT):
+            text = _correct_decoded_token(hf, int(token_id), context)
+        texts.append(text)
+    return texts
 
 
 def check_stop_strings(
@@ -160,9 +259,8 @@ class IncrementalDetokenizer:
 
 
 class _TextDetokenizer(IncrementalDetokenizer):
-    """What both decoding strategies share: appending decoded text, the stop-string check, the
-    streamed hold-back and the flush of an incomplete character at the end. Subclasses say how
-    one token is decoded (`_decode_next`) and what undecoded bytes read as (`_pending_text`)."""
+    """What both decoding strategies share: appending decoded text, the stop-string check and
+    the streamed hold-back. Subclasses say how one token is decoded (`_decode_next`)."""
 
     def __init__(self, params: SamplingParams) -> None:
         super().__init__()
@@ -172,7 +270,6 @@ class _TextDetokenizer(IncrementalDetokenizer):
         self.skip_special_tokens: bool = params.skip_special_tokens
         self.stop_buffer_length: int = params.output_text_buffer_length
         self.stopped_by_string = False  # a stop string cut the text: nothing more is added
-        self._flushed = False
         self._last_output_text_offset = 0  # how much text get_next_output_text(delta) gave
 
     def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
@@ -224,9 +321,8 @@ class _TextDetokenizer(IncrementalDetokenizer):
         """The text a RequestOutput carries: all of it (delta=False) or what earlier delta
         calls did not return (delta=True). While not finished, the last stop_buffer_length
         characters are held back (they may be the start of a stop string that will be cut);
-        once finished, nothing is, and a trailing incomplete character is flushed."""
-        if finished:
-            self._flush()
+        once finished, nothing is. Bytes of a character that never completed are not text
+        (vLLM): a request that ends mid-character ends without them, not with U+FFFD."""
         hold = 0 if finished else self.stop_buffer_length
         end = max(len(self.output_text) - hold, 0)
         if not delta:
@@ -237,28 +333,17 @@ class _TextDetokenizer(IncrementalDetokenizer):
         self._last_output_text_offset = end
         return self.output_text[start:end]
 
-    def _flush(self) -> None:
-        """Once, at the end: add the text of bytes that never completed a character (U+FFFD,
-        as the full decode shows them), unless a stop string ended the text."""
-        if self._flushed:
-            return
-        self._flushed = True
-        if not self.stopped_by_string:
-            self.output_text += self._pending_text()
-
     def _decode_next(self, token_id: int) -> str:
         """The text one more token adds ("" while it only adds bytes of an unfinished
         character)."""
         raise NotImplementedError
 
-    def _pending_text(self) -> str:
-        """The text of the tokens `_decode_next` has not emitted yet, decoded as they are."""
-        raise NotImplementedError
-
 
 class FastIncrementalDetokenizer(_TextDetokenizer):
     """Decodes with tokenizers' DecodeStream on the fast tokenizer's Rust backend, primed with
-    the prompt so the first output token decodes in context (vLLM's fast path)."""
+    the whole prompt so the first output token decodes in context (vLLM's fast path, as is:
+    a prompt given as ids that ends inside a character has that character completed, and
+    emitted, by the output tokens that finish it)."""
 
     def __init__(self, tokenizer, prompt_token_ids: list[int],
                  params: SamplingParams) -> None:
@@ -266,10 +351,7 @@ class FastIncrementalDetokenizer(_TextDetokenizer):
         hf = _hf(tokenizer)
         self.backend = hf.backend_tokenizer
         self._stream_class = _decode_stream_class()
-        context = _prompt_context(hf, prompt_token_ids, params.skip_special_tokens)
-        self.stream = self._new_stream(context)
-        self._context_id: int | None = context[-1] if context else None
-        self._pending: list[int] = []  # tokens stepped since the stream last produced text
+        self.stream = self._new_stream(prompt_token_ids)
         # DecodeStream knows nothing of spaces_between_special_tokens; as vLLM, when it is off
         # (and specials are kept) an added token right after another shows as its bare content.
         self._added: dict[int, str] = {}
@@ -311,33 +393,13 @@ class FastIncrementalDetokenizer(_TextDetokenizer):
                 raise
             logger.warning("DecodeStream lost its prefix; restarting it at token %d", token_id)
             self.stream = self._new_stream()
-            self._pending = []
             text = self._step(self.stream, token_id)
         if self._added:
             content = self._added.get(token_id)
             if content is not None and self._last_added:
                 text = content
             self._last_added = content is not None
-        if text is None:
-            self._pending.append(token_id)
-            return ""
-        self._pending = []
-        self._context_id = token_id
-        return text
-
-    def _pending_text(self) -> str:
-        """Decode the unemitted tokens after the last emitting one (as context, so a decoder
-        that strips a leading space does not)."""
-        if not self._pending:
-            return ""
-        skip = self.skip_special_tokens
-        if self._context_id is None:
-            return self.backend.decode(self._pending, skip_special_tokens=skip)
-        prefix = self.backend.decode([self._context_id], skip_special_tokens=skip)
-        full = self.backend.decode([self._context_id, *self._pending], skip_special_tokens=skip)
-        if full.startswith(prefix):
-            return full[len(prefix):]
-        return self.backend.decode(self._pending, skip_special_tokens=skip)
+        return text or ""
 
 
 class SlowIncrementalDetokenizer(_TextDetokenizer):
@@ -361,7 +423,8 @@ class SlowIncrementalDetokenizer(_TextDetokenizer):
             self._added_vocab = set(self.hf.get_added_vocab())
             if params.skip_special_tokens:
                 self._special = set(self.hf.all_special_tokens)
-        context = _prompt_context(self.hf, prompt_token_ids, params.skip_special_tokens)
+        # the prompt's last few tokens as context, whatever they end with (vLLM)
+        context = prompt_token_ids[-_PREFIX_WINDOW - 2:]
         self.tokens: list[str] = self._to_tokens(context)
         self.read_offset = len(self.tokens)
         self.prefix_offset = max(self.read_offset - _PREFIX_WINDOW, 0)
@@ -416,11 +479,6 @@ class SlowIncrementalDetokenizer(_TextDetokenizer):
         self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
         return full[len(prefix):]
 
-    def _pending_text(self) -> str:
-        """The window's text past what was emitted, whatever it ends with."""
-        prefix, full = self._window_texts()
-        return full[len(prefix):] if len(full) > len(prefix) else ""
-
 
 __all__ = [
     "FastIncrementalDetokenizer",
@@ -428,4 +486,5 @@ __all__ = [
     "SlowIncrementalDetokenizer",
     "check_stop_strings",
     "decode_logprob_token",
+    "decode_logprob_tokens",
 ]

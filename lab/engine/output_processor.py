@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lab.engine.detokenizer import IncrementalDetokenizer, decode_logprob_token
+from lab.engine.detokenizer import IncrementalDetokenizer, decode_logprob_tokens
 from lab.engine.outputs import (
     CompletionOutput,
     Logprob,
@@ -23,8 +23,10 @@ from lab.engine.outputs import (
 from lab.engine.parallel_sampling import ParentRequest
 from lab.engine.protocol import EngineCoreOutput
 from lab.models.tokenizer import Tokenizer
-from lab.sampling.logprobs import LogprobsLists
 from lab.sampling.params import RequestOutputKind, SamplingParams
+
+# Preceding positions whose own tokens complete a logprob entry's partial character (vLLM: 4).
+_LOGPROB_CONTEXT = 4
 
 
 class RequestState:
@@ -62,32 +64,47 @@ class RequestState:
         return self.params.output_kind
 
     def add(self, out: EngineCoreOutput) -> str | None:
-        """Take one core output; return the stop string it completed, if any."""
+        """Take one core output; return the stop string it completed, if any.
+
+        As in vLLM the text comes first: a stop string completed by one of several new tokens
+        drops the tokens after it, and their logprobs with them (never counted in
+        cumulative_logprob)."""
         self.num_cached_tokens = out.num_cached_tokens
+        stop_string = None
+        num_kept = len(out.new_token_ids)
+        if out.new_token_ids:
+            num_prev = self.detokenizer.num_output_tokens()
+            stop_string = self.detokenizer.update(out.new_token_ids,
+                                                  out.finish_reason == "stop")
+            num_kept = self.detokenizer.num_output_tokens() - num_prev
         if out.new_logprobs is not None and self.logprobs is not None:
-            self.logprobs.extend(self._to_dicts(out.new_logprobs))
-            self.cumulative_logprob += sum(row[0] for row in out.new_logprobs.logprobs)
+            rows = out.new_logprobs
+            self._append_dicts(self.logprobs, rows.token_ids[:num_kept],
+                               rows.logprobs[:num_kept], rows.ranks[:num_kept])
+            self.cumulative_logprob += sum(row[0] for row in rows.logprobs[:num_kept])
         if out.new_prompt_logprobs is not None and self.prompt_logprobs is not None:
-            self.prompt_logprobs.extend(self._to_dicts(out.new_prompt_logprobs))
-        if not out.new_token_ids:
-            return None
-        return self.detokenizer.update(out.new_token_ids, out.finish_reason == "stop")
+            rows = out.new_prompt_logprobs
+            self._append_dicts(self.prompt_logprobs, rows.token_ids, rows.logprobs, rows.ranks)
+        return stop_string
 
-    def _to_dicts(self, lists: LogprobsLists) -> list[dict[int, Logprob]]:
-        """vLLM's layout: the position's own token first (its rank), then the top-k (ranks
-        1..k); an own token that is also in the top-k appears once."""
-        rows = []
-        for ids, values, rank in zip(lists.token_ids, lists.logprobs, lists.ranks):
-            ranks = [rank, *range(1, len(ids))]
-            row: dict[int, Logprob] = {}
-            for tok, value, r in zip(ids, values, ranks):
-                if tok not in row:
-                    row[tok] = Logprob(value, r, self._decode(tok))
-            rows.append(row)
-        return rows
-
-    def _decode(self, token_id: int) -> str | None:
-        return None if self.tokenizer is None else decode_logprob_token(self.tokenizer, token_id)
+    def _append_dicts(self, dest: list[dict[int, Logprob] | None], token_ids: list[list[int]],
+                      logprobs: list[list[float]], ranks: list[int]) -> None:
+        """Append one {token id: Logprob} dict per position to `dest` (the request's sample or
+        prompt logprobs), as vLLM builds them: a dict comprehension over the position's own
+        token (its rank) and then the top-k (ranks 1..k), so an own token that is also in the
+        top-k keeps its first place in the dict but takes the top-k entry's value (its rank
+        there). decoded_token: `decode_logprob_tokens`, with the own tokens of the previous
+        positions in `dest` (up to 4, None entries skipped) as context for bytes of a
+        character; None without a tokenizer."""
+        for ids, values, rank in zip(token_ids, logprobs, ranks, strict=True):
+            if self.tokenizer is None:
+                texts: list[str | None] = [None] * len(ids)
+            else:
+                context = [next(iter(row)) for row in dest[-_LOGPROB_CONTEXT:] if row is not None]
+                texts = decode_logprob_tokens(self.tokenizer, ids, context)
+            all_ranks = [rank, *range(1, len(ids))]
+            dest.append({tok: Logprob(value, r, text)
+                         for tok, value, r, text in zip(ids, values, all_ranks, texts)})
 
     def completion(self, finish_reason: str | None, stop_reason: int | str | None,
                    ) -> CompletionOutput:

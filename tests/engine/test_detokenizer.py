@@ -3,7 +3,12 @@
 Every property runs on both decoding strategies (tokenizers' DecodeStream and the slow
 prefix/read-offset fallback) with the tiny_llama byte-level BPE, plus two non-special added
 tokens so that added tokens that are not special are exercised too. Texts mix ASCII with
-emoji and CJK, whose UTF-8 bytes are split over several byte-level tokens.
+emoji and CJK, whose UTF-8 bytes are split over several byte-level tokens. The logprob-token
+decoding (vLLM's `convert_ids_list_to_tokens` and UTF-8 correction) is also checked on a tiny
+SentencePiece-style tokenizer (Metaspace, byte fallback) built in memory.
+
+The expected values follow vLLM 0.32; a differential run against vLLM's own detokenizers and
+LogprobsProcessor on random inputs (both tokenizers) agreed with them.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from lab.engine.detokenizer import (
     SlowIncrementalDetokenizer,
     check_stop_strings,
     decode_logprob_token,
+    decode_logprob_tokens,
 )
 from lab.sampling.params import SamplingParams
 
@@ -82,6 +88,16 @@ def stream(detok, chunks, last_stop_terminated=False):
     return deltas, matched
 
 
+def final_text(full: str) -> str:
+    """A finished request's text given the full decode of its output (vLLM): bytes that never
+    completed a character (text still ending in U+FFFD) are held back and then dropped, so a
+    decode that ends in U+FFFD loses that trailing run; a U+FFFD followed by other text stays,
+    and a decode that ends in complete text (emoji, CJK) is kept exactly. The texts here have
+    no U+FFFD of their own, and every tiny_llama token whose lone decode has a U+FFFD is
+    nothing but that, so the held-back text is exactly that run."""
+    return full.rstrip("\ufffd")
+
+
 def text_offsets(tok, ids) -> list[int]:
     """Length of the complete text after each token (bytes of an unfinished character at the
     end are not text yet): where each token's text ends in the streamed output."""
@@ -95,12 +111,15 @@ def text_offsets(tok, ids) -> list[int]:
 @given(data=st.data())
 def test_deltas_concatenate_to_the_full_decode(tok, backend, data):
     """Any split of the output into steps, with special and added tokens inserted anywhere
-    (even between the bytes of one character), streams exactly decode(output_ids); no U+FFFD
-    is streamed unless the full decode has it."""
+    (even between the bytes of one character), output cut anywhere (even inside a character),
+    streams exactly decode(output_ids), less a trailing U+FFFD run (`final_text`); no U+FFFD is
+    ever streamed unless the final text has it."""
     ids = tok.encode(data.draw(texts, label="text"))
     for _ in range(data.draw(st.integers(0, 3), label="n_special")):
         pos = data.draw(st.integers(0, len(ids)), label="pos")
         ids.insert(pos, data.draw(st.sampled_from(special_ids(tok)), label="special"))
+    if data.draw(st.booleans(), label="cut"):
+        ids = ids[:data.draw(st.integers(0, len(ids)), label="cut_at")]
     prompt = tok.encode(data.draw(texts, label="prompt"))
     if data.draw(st.booleans(), label="bos"):
         prompt = [tok.bos_token_id, *prompt]
@@ -111,11 +130,12 @@ def test_deltas_concatenate_to_the_full_decode(tok, backend, data):
     deltas, matched = stream(detok, data.draw(chunked(ids), label="chunks"))
 
     full = tok.decode(ids, skip_special_tokens=skip)
+    expected = final_text(full)
     assert matched is None
-    assert "".join(deltas) == full == detok.output_text
-    assert detok.get_next_output_text(finished=True, delta=False) == full
+    assert "".join(deltas) == expected == detok.output_text
+    assert detok.get_next_output_text(finished=True, delta=False) == expected
     assert detok.output_token_ids == ids
-    if "\ufffd" not in full:
+    if "\ufffd" not in expected:
         assert not any("\ufffd" in d for d in deltas)
 
 
@@ -132,26 +152,44 @@ def test_split_character_is_held_until_complete(tok, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_unfinished_character_is_flushed_at_the_end(tok, backend):
-    """Output that ends mid-character: the dangling bytes appear (as U+FFFD, like decode)
-    only once the request finishes, never while the next token could complete them."""
+def test_unfinished_character_is_dropped_at_the_end(tok, backend):
+    """Output that ends mid-character: the dangling bytes are never text (vLLM drops them; no
+    U+FFFD at the end), not while running, not once finished."""
     ids = tok.encode("ab😀")[:-1]
+    assert tok.decode(ids) == "ab\ufffd"
     detok = make(tok, [], backend)
     detok.update(ids, False)
     assert detok.get_next_output_text(finished=False, delta=True) == "ab"
-    assert detok.get_next_output_text(finished=True, delta=True) == tok.decode(ids)[2:]
-    assert detok.output_text == tok.decode(ids)
+    assert detok.get_next_output_text(finished=True, delta=True) == ""
+    assert detok.get_next_output_text(finished=True, delta=False) == "ab" == detok.output_text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_replacement_character_in_the_middle_stays(tok, backend):
+    """Bytes that can no longer complete a character (an emoji's first byte, then ASCII) are
+    text once later text follows them: U+FFFD in the middle stays, as in decode."""
+    ids = [*tok.encode("a😀")[:2], *tok.encode("x.")]
+    assert tok.decode(ids) == "a\ufffdx."
+    detok = make(tok, [], backend)
+    deltas, _ = stream(detok, [[t] for t in ids])
+    assert "".join(deltas) == "a\ufffdx." == detok.output_text
+    # ... but a run that ends the output is still dropped
+    detok = make(tok, [], backend)
+    deltas, _ = stream(detok, [[t] for t in ids[:2]])
+    assert "".join(deltas) == "a"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_prompt_cut_mid_character(tok, backend):
-    """A prompt (given as ids) that ends inside a character: its dangling bytes are not
-    output text; the output's own continuation bytes decode as decode shows them."""
+    """A prompt (given as ids) that ends inside a character, as vLLM handles it: the fast path
+    primes DecodeStream with the whole prompt, so the output token completing the character
+    emits it, with the text of its pre-token before it ("x"); the slow path's window counts the
+    character as prompt text, so only what follows is output. Either way no U+FFFD."""
     ids = tok.encode("x漢y")
     prompt, output = ids[:2], ids[2:]
     detok = make(tok, prompt, backend)
     deltas, _ = stream(detok, [[t] for t in output])
-    assert "".join(deltas) == tok.decode(output)
+    assert "".join(deltas) == {"fast": "x漢y", "slow": "y"}[backend]
 
 
 def test_decode_stream_without_ids_argument(tok, monkeypatch):
@@ -184,6 +222,25 @@ def test_stop_token_text(tok, backend, include):
     assert matched is None
     assert "".join(deltas) == tok.decode(ids + [eos] * include, skip_special_tokens=False)
     assert detok.output_token_ids == [*ids, eos]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_token_id_text(tok, backend, include):
+    """A stop_token_ids token that is ordinary text ("."), alone in its step, finishing the
+    request: its text is left out unless include_stop_str_in_output; bytes pending before it
+    are dropped either way (the stop token cannot complete them)."""
+    ids = tok.encode("hi.")
+    dot = ids[-1]
+    assert tok.decode([dot]) == "."
+    detok = make(tok, [], backend, stop_token_ids=[dot], include_stop_str_in_output=include)
+    deltas, _ = stream(detok, [ids[:-1], [dot]], last_stop_terminated=True)
+    assert "".join(deltas) == "hi" + "." * include
+    assert detok.output_token_ids == ids
+    partial = tok.encode("hi😀")[:-1]
+    detok = make(tok, [], backend, stop_token_ids=[dot], include_stop_str_in_output=include)
+    deltas, _ = stream(detok, [partial, [dot]], last_stop_terminated=True)
+    assert "".join(deltas) == "hi" + "\ufffd." * include
 
 
 def test_no_text_without_tokenizer_or_detokenize(tok):
@@ -340,15 +397,104 @@ def test_check_stop_strings():
     assert check_stop_strings("ab", 10, ["ab"], False) == ("ab", 0)
 
 
+# ---------------------------------------------------------------- logprob tokens
+
+
+@pytest.fixture(scope="module")
+def sp_tok():
+    """A SentencePiece-style tokenizer: Metaspace pre-tokenizer ("\u2581" marks a space), BPE
+    with byte fallback (<0xXX> tokens for what the vocabulary lacks), Llama-2's decoder, which
+    strips the leading space of a decode, so that a lone "\u2581the" decodes to "the"."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    for c in "\u2581abcdefghijklmnopqrstuvwxyz.":
+        vocab[c] = len(vocab)
+    merges = [("\u2581", "t"), ("h", "e"), ("\u2581t", "he"), ("\u2581", "\u2581"),
+              ("\u2581\u2581", "\u2581")]
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>",
+                                   byte_fallback=True))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581",
+                                                     prepend_scheme="first")
+    backend.decoder = decoders.Sequence([
+        decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+        decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
 def test_decode_logprob_token(tok):
-    """A logprob entry's text: the token's own string; multi-byte pieces as decode shows them;
+    """A logprob entry's text before correction: decode([id]) with special tokens kept (a
+    byte-level tokenizer needs no space restoration); a byte of a character as U+FFFD;
     unknown ids as ""."""
-    hello, emoji = tok.encode("Hello"), tok.encode("😀")
-    assert "".join(decode_logprob_token(tok, i) for i in hello) == "Hello"
+    hello, emoji = tok.encode("Hello there"), tok.encode("😀")
+    assert "".join(decode_logprob_token(tok, i) for i in hello) == "Hello there"
     assert decode_logprob_token(tok, emoji[0]) == "\ufffd"  # one byte of the emoji
-    ids = hello + emoji
-    for i in ids:
-        assert decode_logprob_token(tok, i) == tok.hf.convert_tokens_to_string(
-            [tok.hf.convert_ids_to_tokens(i)])
-    assert decode_logprob_token(tok, tok.eos_token_id) == tok.hf.eos_token
-    assert decode_logprob_token(tok, 10**6) == ""
+    for i in hello + emoji:
+        assert decode_logprob_token(tok, i) == tok.hf.decode([i])
+    assert decode_logprob_token(tok, tok.eos_token_id) == tok.hf.eos_token == "<|eos|>"
+    assert decode_logprob_token(tok, 10**6) == "" == decode_logprob_token(tok, -1)
+
+
+def test_decode_logprob_token_restores_sentencepiece_spaces(sp_tok):
+    """SentencePiece-style: decode strips a lone token's leading space; vLLM puts back one
+    space per leading "\u2581" of the vocabulary piece that decode dropped."""
+    ids = sp_tok.encode("the the  the", add_special_tokens=False)
+    assert sp_tok.convert_ids_to_tokens(ids) == ["\u2581the", "\u2581the", "\u2581", "\u2581the"]
+    assert [sp_tok.decode([i]) for i in ids] == ["the", "the", "", "the"]
+    assert [decode_logprob_token(sp_tok, i) for i in ids] == [" the", " the", " ", " the"]
+    three = sp_tok.convert_tokens_to_ids("\u2581\u2581\u2581")
+    assert sp_tok.decode([three]) == "  "  # one of three spaces stripped: one put back
+    assert decode_logprob_token(sp_tok, three) == "   "
+    he = sp_tok.convert_tokens_to_ids("he")
+    assert decode_logprob_token(sp_tok, he) == "he"  # no marker, nothing to restore
+    assert decode_logprob_token(sp_tok, sp_tok.eos_token_id) == "</s>"
+    byte = sp_tok.convert_tokens_to_ids("<0xE6>")
+    assert decode_logprob_token(sp_tok, byte) == "\ufffd"
+
+
+def test_decode_logprob_tokens_completes_characters(tok):
+    """Tokens at one position (own token, then alternatives) with the request's preceding own
+    tokens as context: a byte token that does not finish its character reads "" (vLLM), the
+    one that does reads as the whole character; other tokens as they decode alone."""
+    a, *emoji = tok.encode("a😀")
+    assert len(emoji) == 4
+    seq = [a, *emoji]
+    got = [decode_logprob_tokens(tok, [t], seq[:k])[0] for k, t in enumerate(seq)]
+    assert got == ["a", "", "", "", "😀"]
+    # alternatives at the last position are corrected against the same context
+    alt = tok.encode("😃")[-1]  # same first three bytes, another last byte
+    x = tok.encode("x")[0]
+    assert decode_logprob_tokens(tok, [emoji[3], alt, x, emoji[0]], seq[:4]) == [
+        "😀", "😃", "x", ""]
+    # no context: a byte alone is an unfinished character
+    assert decode_logprob_tokens(tok, [emoji[3]], []) == [""]
+    # only the last 4 context tokens count: enough for any UTF-8 character
+    assert decode_logprob_tokens(tok, [emoji[3]], [a, a, a, a, *emoji[:3]]) == ["😀"]
+    assert decode_logprob_tokens(tok, [emoji[3]], [*emoji[:3], a]) == [""]
+
+
+def test_decode_logprob_tokens_attributes_the_whole_character(tok):
+    """The completing token's text is what the context's clean prefix (its tokens before the
+    trailing run of lone-U+FFFD tokens) does not already show: the whole character, even when
+    the context starts inside another one."""
+    ids = tok.encode("x漢")
+    assert len(ids) == 4
+    assert decode_logprob_tokens(tok, [ids[3]], ids[:3]) == ["漢"]
+    lone = tok.encode("😀")[1]  # a continuation byte: never completes anything
+    assert decode_logprob_tokens(tok, [ids[3]], [lone, *ids[1:3]]) == ["漢"]
+    assert decode_logprob_tokens(tok, [lone], ids) == [""]
+
+
+def test_decode_logprob_tokens_sentencepiece(sp_tok):
+    """Byte-fallback tokens: <0xE6><0xBC><0xA2> is "漢"; the completing byte reads as it, with
+    the space of a preceding "\u2581" token left to that token."""
+    ids = sp_tok.encode("the 漢", add_special_tokens=False)
+    assert sp_tok.convert_ids_to_tokens(ids) == [
+        "\u2581the", "\u2581", "<0xE6>", "<0xBC>", "<0xA2>"]
+    got = [decode_logprob_tokens(sp_tok, [t], ids[:k])[0] for k, t in enumerate(ids)]
+    assert got == [" the", " ", "", "", "漢"]
