@@ -274,11 +274,12 @@ def compare_logprob_lists(a: list, b: list, tol: float = TOL) -> tuple[float, li
 
 
 def compare_logprobs(lab: list[dict], peer: list[dict], tol: float = TOL,
-                     first_only: bool = False) -> Check:
+                     first_only: bool = False, k: int | None = None) -> Check:
     """Sample logprobs (top-k dicts incl. the sampled token; logprob, rank, decoded_token) and
     cumulative_logprob, over the positions where both completions still agree (where the ids
     diverge the contexts differ: compare_ids reports that). first_only: position 0 only (sampled
-    completions of the same prompt, whose later tokens differ)."""
+    completions of the same prompt, whose later tokens differ; k: the top-k the requests asked
+    for, which tells a sampled token's own entry from a top-k one)."""
     worst, problems = 0.0, []
     for i, (a, b) in enumerate(zip(lab, peer, strict=True)):
         for j, (x, y) in enumerate(zip(a["outputs"], b["outputs"], strict=True)):
@@ -291,8 +292,8 @@ def compare_logprobs(lab: list[dict], peer: list[dict], tol: float = TOL,
             if first_only and x["token_ids"][:1] != y["token_ids"][:1]:
                 # different first samples: the distributions are the same, the entries of the
                 # sampled tokens are not; compare the top-k entries only
-                xs, ys = (_drop_unranked(x["logprobs"][0], x["token_ids"][0]),
-                          _drop_unranked(y["logprobs"][0], y["token_ids"][0]))
+                xs, ys = (_drop_unranked(x["logprobs"][0], x["token_ids"][0], k),
+                          _drop_unranked(y["logprobs"][0], y["token_ids"][0], k))
                 w, probs = compare_position(xs, ys, tol)
             else:
                 w, probs = compare_logprob_lists(x["logprobs"][:n], y["logprobs"][:n], tol)
@@ -480,10 +481,14 @@ def _first_diff(a: Sequence, b: Sequence) -> int:
     return min(len(a), len(b))
 
 
-def _drop_unranked(d: dict, sampled: int) -> dict:
-    """A position's dict without the sampled token's own entry unless it is in the top-k."""
-    k = len(d) - 1 if sampled in d and len(d) > 1 and d[sampled][1] > len(d) - 1 else len(d)
-    return {t: v for t, v in d.items() if t != sampled or v[1] <= k}
+def _drop_unranked(d: dict, sampled: int, k: int | None = None) -> dict:
+    """A position's dict without the sampled token's own entry unless it is in the top-k (k:
+    what was asked; None: guessed from the dict's size, which is ambiguous when the sampled
+    token is exactly the k-th)."""
+    own = next((t for t in d if int(t) == int(sampled)), None)  # JSON keys are strings
+    if k is None:
+        k = len(d) - 1 if own is not None and len(d) > 1 and d[own][1] > len(d) - 1 else len(d)
+    return {t: v for t, v in d.items() if t != own or v[1] <= k}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -531,7 +536,7 @@ def _one_check(name: str, c: Case, a: list, b: list, peer: dict, encode) -> Chec
     if name == "logprobs":
         return compare_logprobs(a, b)
     if name == "logprobs_first":
-        return compare_logprobs(a, b, first_only=True)
+        return compare_logprobs(a, b, first_only=True, k=c.params["logprobs"])
     if name == "prompt_logprobs":
         return compare_prompt_logprobs(a, b)
     if name == "scored":

@@ -273,3 +273,16 @@ def test_a_near_tie_may_swap_ranks_but_a_real_rank_difference_may_not():
     assert not so.compare_position(a, tied)[1]
     wrong = lp((5, -0.5, 2), (6, -1.200001, 2), (7, -1.2, 3))  # 5 is alone at its logprob
     assert any("rank" in p for p in so.compare_position(a, wrong)[1])
+
+
+def test_a_sampled_token_that_is_exactly_the_kth_counts_as_top_k():
+    """Different first samples; lab's (token 3) is the 2nd of a top-2 and so a top-k entry."""
+    a = [req([1], {"token_ids": [3], "logprobs": [lp((5, -0.5, 1), (3, -1.0, 2))]})]
+    b = [req([1], {"token_ids": [9], "logprobs": [lp((9, -4.0, 7), (5, -0.5, 1), (3, -1.0, 2))]})]
+    assert so.compare_logprobs(a, b, first_only=True, k=2).ok
+
+
+def test_sampled_entries_are_found_under_json_string_keys():
+    a = [req([1], {"token_ids": [3], "logprobs": [{"5": (-0.5, 1, "a"), "3": (-9.0, 40, "b")}]})]
+    b = [req([1], {"token_ids": [9], "logprobs": [{"9": (-7.0, 30, "c"), "5": (-0.5, 1, "a")}]})]
+    assert so.compare_logprobs(a, b, first_only=True, k=1).ok

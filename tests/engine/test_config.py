@@ -9,10 +9,12 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from lab.engine.config import CONF_DIR, GROUPS, compose_config, set_knobs
+from lab.logits_processors.base import LogitsProcessor, LogitsProcessorContext
 from lab.metrics.base import StatLogger
 from tests.options import options
 
-SINGLE = [g for g in GROUPS if g != "logger"]
+LISTS = ("logger", "logits_processors")  # the multi-choice groups
+SINGLE = [g for g in GROUPS if g not in LISTS]
 OPTIONS = [(g, p.stem) for g in SINGLE for p in sorted((CONF_DIR / g).glob("*.yaml"))]
 EXTRA = {"model": {"hf": ["model.path=/nonexistent"]},
          "sim/step_time": {"profiled": ["sim.step_time.path=/nonexistent.json"]}}
@@ -77,3 +79,16 @@ def test_unknown_knob_names_the_knobs():
     cfg = compose_config()
     with pytest.raises(ValueError, match="max_num_seqs"):
         set_knobs(cfg, {"max_num_sequences": 4})
+
+
+def test_logits_processors_compose_together_in_the_listed_order():
+    """logits_processors is a list too: every option composes, in the order given, and each is
+    a partial the runner completes with a LogitsProcessorContext."""
+    names = list(reversed(options("logits_processors")))
+    cfg = compose_config([f"logits_processors=[{','.join(names)}]"])
+    assert list(cfg.logits_processors) == names
+    context = LogitsProcessorContext(vocab_size=32, max_num_reqs=4)
+    for name, node in cfg.logits_processors.items():
+        processor = instantiate(node)(context=context)
+        assert isinstance(processor, LogitsProcessor), name
+        assert type(processor).__module__ == f"lab.logits_processors.{name}", name

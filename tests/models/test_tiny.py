@@ -43,13 +43,19 @@ def test_ensure_reuses_and_rejects_unknown(tmp_path, tiny_path):
     assert set(preset_names()) >= {"tiny_llama", "tiny_qwen3", "tiny_qwen2", "bench_llama", "bench_qwen3_06b"}
 
 
-# The presets' cache entries when they were Python dicts (GENERATOR_VERSION 3): read from
-# conf/model/*.yaml they must hash the same, so the checkpoints stay byte-identical and the caches
-# are reused. A deliberate change of a preset (or of the generator) updates its entry.
+# The presets' cache entries (GENERATOR_VERSION 4: the tokenizer got a chat template; the
+# weights are those of version 3): read from conf/model/*.yaml they must hash the same, so the
+# checkpoints stay byte-identical and the caches are reused. A deliberate change of a preset (or
+# of the generator) updates its entry.
 PINNED_HASHES = {
-    "tiny_llama": "523db1760b", "tiny_qwen3": "e56b77b71f", "tiny_qwen2": "283e00be79",
-    "tiny_deepseek": "397de48e37", "tiny_deepseek_lite": "2cd907e523",
-    "tiny_deepseek_v3": "fecaa4a656", "bench_llama": "6869fcfd7d", "bench_qwen3_06b": "2e518231d1",
+    "tiny_llama": "f6db8f6fac",
+    "tiny_qwen3": "4c2d2784a0",
+    "tiny_qwen2": "6f7200aaf8",
+    "tiny_deepseek": "ee28bdc48b",
+    "tiny_deepseek_lite": "b00fac06cd",
+    "tiny_deepseek_v3": "4ac4a180a7",
+    "bench_llama": "2e87140c97",
+    "bench_qwen3_06b": "1cc7332e61",
 }
 
 
