@@ -153,7 +153,8 @@ def _correct_decoded_token(hf, token_id: int, context_token_ids: Sequence[int]) 
 
 
 def decode_logprob_tokens(
-    tokenizer, token_ids_at_position: Sequence[int], context_token_ids: Sequence[int]
+    tokenizer, token_ids_at_position: Sequence[int], context_token_ids: Sequence[int],
+    cache: dict[int, str] | None = None,
 ) -> list[str]:
     """The decoded_token of each logprob entry at one position (the position's own token, then
     its top-k alternatives), as vLLM's LogprobsProcessor gives them: each token decoded alone
@@ -163,12 +164,18 @@ def decode_logprob_tokens(
 
     `context_token_ids` are the own tokens of the request's previous positions, oldest first
     (the sampled tokens for sample logprobs, the prompt tokens for prompt logprobs); only the
-    last 4 are used (the longest UTF-8 sequence)."""
+    last 4 are used (the longest UTF-8 sequence). `cache` (token id -> its lone text, owned
+    by the caller, e.g. one per OutputProcessor) saves the tokenizer call for tokens seen
+    before: a lone token's text never changes, and logprobs decode k + 1 tokens per position."""
     hf = _hf(tokenizer)
     context = [int(t) for t in context_token_ids[-_MAX_LOGPROB_CONTEXT:]]
     texts = []
     for token_id in token_ids_at_position:
-        text = decode_logprob_token(hf, token_id)
+        text = None if cache is None else cache.get(token_id)
+        if text is None:
+            text = decode_logprob_token(hf, token_id)
+            if cache is not None:
+                cache[token_id] = text
         if text.endswith(_REPLACEMENT):
             text = _correct_decoded_token(hf, int(token_id), context)
         texts.append(text)

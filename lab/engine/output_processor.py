@@ -36,8 +36,10 @@ class RequestState:
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
         params: SamplingParams, tokenizer: Tokenizer | None,
         parent: ParentRequest | None = None, index: int = 0,
+        token_texts: dict[int, str] | None = None,
     ) -> None:
         self.request_id = request_id
+        self.token_texts = token_texts  # the engine's cache of lone-token texts (logprobs)
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.params = params
@@ -101,7 +103,7 @@ class RequestState:
                 texts: list[str | None] = [None] * len(ids)
             else:
                 context = [next(iter(row)) for row in dest[-_LOGPROB_CONTEXT:] if row is not None]
-                texts = decode_logprob_tokens(self.tokenizer, ids, context)
+                texts = decode_logprob_tokens(self.tokenizer, ids, context, self.token_texts)
             all_ranks = [rank, *range(1, len(ids))]
             dest.append({tok: Logprob(value, r, text)
                          for tok, value, r, text in zip(ids, values, all_ranks, texts)})
@@ -146,13 +148,14 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.states: dict[str, RequestState] = {}  # by engine request id (child ids for n > 1)
         self.parents: dict[str, ParentRequest] = {}
+        self.token_texts: dict[int, str] = {}  # lone-token texts for logprob entries
 
     def add_request(
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
         params: SamplingParams, parent: ParentRequest | None = None, index: int = 0,
     ) -> None:
         self.states[request_id] = RequestState(request_id, prompt, prompt_token_ids, params,
-                                               self.tokenizer, parent, index)
+                                               self.tokenizer, parent, index, self.token_texts)
         if parent is not None:
             self.parents[parent.request_id] = parent
 
