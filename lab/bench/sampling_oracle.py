@@ -623,8 +623,13 @@ def run_peer(python: str, path: Path, cases: list[dict], out_dir: Path | None = 
         d.mkdir(parents=True, exist_ok=True)
         cfile, rfile = d / "vllm_cases.json", d / "vllm_results.json"
         cfile.write_text(json.dumps({"model": str(path), "cases": sent}))
-        subprocess.run([python, str(PEER_SCRIPT), str(cfile), str(rfile)], check=True,
-                       stdout=sys.stderr)
+        # the peer's log is kept (vLLM is chatty) and shown only if it fails; capturing also
+        # works where sys.stderr is no real file (pytest)
+        done = subprocess.run([python, str(PEER_SCRIPT), str(cfile), str(rfile)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"the vLLM peer failed (exit {done.returncode}):\n"
+                               f"{done.stdout[-4000:]}")
         return normalize(json.loads(rfile.read_text())["results"])
 
 
