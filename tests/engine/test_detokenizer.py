@@ -498,3 +498,17 @@ def test_decode_logprob_tokens_sentencepiece(sp_tok):
         "\u2581the", "\u2581", "<0xE6>", "<0xBC>", "<0xA2>"]
     got = [decode_logprob_tokens(sp_tok, [t], ids[:k])[0] for k, t in enumerate(ids)]
     assert got == [" the", " ", "", "", "漢"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_split_of_emoji_and_cjk_streams_the_full_decode(tok, backend):
+    """Exhaustively: every way of cutting a short emoji + CJK output into steps (2**(n-1)
+    splits) streams exactly its full decode."""
+    ids = tok.encode("x😀 漢é")
+    assert 6 <= len(ids) <= 12, len(ids)  # several tokens per character: the splits matter
+    full = tok.decode(ids)
+    for mask in range(2 ** (len(ids) - 1)):
+        bounds = [0, *[i + 1 for i in range(len(ids) - 1) if mask >> i & 1], len(ids)]
+        chunks = [ids[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+        deltas, _ = stream(make(tok, [5, 6], backend), chunks)
+        assert "".join(deltas) == full, chunks
