@@ -191,3 +191,16 @@ def test_chat_uses_the_template(llm):
     assert len(out.outputs[0].token_ids) == 4
     with pytest.raises(ValueError, match="role"):
         llm.chat([{"content": "no role"}])
+
+
+def test_a_users_processor_is_one_class_and_one_config_entry():
+    """The example processor bans the greedy run's first token, for seeded requests only."""
+    plain = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    first = LLM("tiny_llama", **KNOBS).generate([PROMPT], plain)[0].outputs[0].token_ids[0]
+    entry = {"_target_": "tests.sampling.example_processor.BanTokenForSeededRequests",
+             "_partial_": True, "token": first}
+    llm = LLM("tiny_llama", **KNOBS, **{"logits_processors.ban_token": entry})
+    seeded = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, seed=3)
+    outs = llm.generate([PROMPT, PROMPT], [plain, seeded])
+    assert outs[0].outputs[0].token_ids[0] == first  # unseeded: untouched
+    assert first not in outs[1].outputs[0].token_ids  # seeded: banned
