@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from lab.engine.protocol import EngineCoreOutput, EngineCoreRequest
+from lab.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from lab.engine.request import Request, RequestStatus
 from lab.executor.base import Executor
 from lab.metrics.stats import RequestStats, StepStats
@@ -54,9 +54,9 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def step(self) -> tuple[list[EngineCoreOutput], StepStats]:
+    def step(self) -> EngineCoreOutputs:
         """Run one step; return an output for every request that got a token (finished ones
-        included) or prompt logprobs.
+        included) or prompt logprobs, with the step's statistics.
 
         A step that raises (any exception, KeyboardInterrupt included) re-raises after the
         scheduler has failed exactly the requests it scheduled (`Scheduler.fail_step`), or every
@@ -74,7 +74,7 @@ class EngineCore:
         stats = self._make_stats(sched, updated, t1 - t0, t2 - t1, self.clock() - t2)
         self.step_count += 1
         self._check_progress(sched)
-        return self._outputs(updated, result), stats
+        return EngineCoreOutputs(self._outputs(updated, result), stats)
 
     def _outputs(self, updated: list[Request], result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         outs = []

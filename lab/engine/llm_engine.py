@@ -200,14 +200,14 @@ class LLMEngine:
         if not self.core.has_unfinished_requests():
             return outputs
         try:
-            core_outputs, stats = self.core.step()
+            result = self.core.step()
         except BaseException:
             self._pending = outputs + self._process(self.core.take_failed())
             raise
-        self.recent_steps.append(stats)
+        self.recent_steps.append(result.step_stats)
         for logger in self.loggers:
-            logger.on_step(stats)
-        return outputs + self._process(core_outputs)
+            logger.on_step(result.step_stats)
+        return outputs + self._process(result.outputs)
 
     def _process(self, core_outputs: list[EngineCoreOutput]) -> list[RequestOutput]:
         """Core outputs -> RequestOutputs; stop requests whose text hit a stop string; record

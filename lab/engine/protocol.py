@@ -1,12 +1,13 @@
 """What crosses between the frontend (Processor / OutputProcessor) and the engine core: token
-ids, sampling parameters, logprobs as plain lists, finish reasons and request statistics. No
-text, no tokenizer, no tensors: the core can live in another process (the serving issue)."""
+ids, sampling parameters, logprobs as plain lists, finish reasons, request and step statistics.
+No text, no tokenizer, no tensors: the core can live in another process. Every type here is
+plain data that `lab.engine.serial` encodes as MessagePack (msgspec) and decodes back equal."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lab.metrics.stats import RequestStats
+from lab.metrics.stats import RequestStats, StepStats
 from lab.sampling.logprobs import LogprobsLists
 from lab.sampling.params import SamplingParams
 
@@ -40,3 +41,12 @@ class EngineCoreOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass
+class EngineCoreOutputs:
+    """One engine step's result: its requests' outputs and the step's statistics (which travel
+    with the outputs, so loggers in the frontend see every step of a core in another process)."""
+
+    outputs: list[EngineCoreOutput]
+    step_stats: StepStats | None = None
