@@ -54,6 +54,10 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def has_request(self, request_id: str) -> bool:
+        """Whether a request of this id is in the core (waiting, running or swapped)."""
+        return request_id in self.scheduler.requests
+
     def step(self) -> EngineCoreOutputs:
         """Run one step; return an output for every request that got a token (finished ones
         included) or prompt logprobs, with the step's statistics.

@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from lab.cache.hashing import make_block_hasher
+from lab.clock import Clock
 from lab.engine.core import EngineCore
 from lab.engine.knobs import validate_config
 from lab.engine.output_processor import OutputProcessor
@@ -21,6 +22,7 @@ from lab.engine.parallel_sampling import ParentRequest
 from lab.engine.processor import ProcessedRequest, Processor
 from lab.engine.protocol import EngineCoreOutput, EngineCoreRequest
 from lab.engine.request import RequestStatus
+from lab.executor.base import ModelInfo
 from lab.metrics.base import StatLogger
 from lab.metrics.stats import RequestStats, StepStats
 from lab.models.tokenizer import load_tokenizer
@@ -40,28 +42,26 @@ class LLMEngine:
     ) -> None:
         validate_config(cfg)  # every knob named with its allowed values before anything is built
         self.cfg = cfg
-        wc = worker_config(cfg)
-        self.executor = instantiate(cfg.executor)(config=wc)
+        if cfg.engine_client == "mp":  # the core in its own process (lab/engine/core_proc.py)
+            from lab.engine.client import MPClient
+
+            self.core = MPClient(cfg)
+            info = self.core.info
+            self.executor, self.clock = None, Clock()  # the executor is the core process's
+        else:
+            self.core, info = build_core(cfg)
+            self.executor, self.clock = self.core.executor, self.core.executor.clock
+        self.model_info = info.model_info
+        self.hf_config = info.model_info.hf_config
+        self.weight_bytes = info.model_info.weight_bytes  # parameters after quantization
+        self.num_blocks, self.max_model_len = info.num_blocks, info.max_model_len
+        self.kv_bytes_per_token = info.kv_bytes_per_token
         # whether this run's Triton kernels run in Triton's interpreter (slow: smaller workloads)
-        self.triton_interpreted = self.executor.runs_kernels and uses_triton(wc) and (
-            import_module("lab.kernels").warn_if_interpreted())
-        self.clock = self.executor.clock  # one clock for engine, core and scheduler
-        info = self.model_info = self.executor.model_info()
-        self.hf_config = info.hf_config
-        self.weight_bytes = info.weight_bytes  # parameters after quantization
-        self.num_blocks = self.executor.determine_num_blocks(CacheSizing(
-            cfg.num_gpu_blocks, cfg.gpu_memory_utilization, cfg.cpu_kv_cache_gb))
-        self.max_model_len = resolve_max_model_len(
-            cfg.max_model_len, self.hf_config, self.num_blocks, cfg.block_size)
-        self.kv_bytes_per_token = info.bytes_per_block // cfg.block_size
-        scheduler = self._build_scheduler(cfg, info.bytes_per_block)
-        self.executor.initialize_cache(
-            self.num_blocks, self.max_model_len, num_swap_blocks(scheduler))
-        self.core = EngineCore(scheduler, self.executor, clock=self.clock.now,
-                               block_hasher=make_block_hasher(cfg.block_size))
-        self.tokenizer = load_tokenizer(info.tokenizer_path) if info.tokenizer_path else None
-        self.processor = Processor(self.tokenizer, info, self.max_model_len, cfg.max_logprobs,
-                                   wc.logits_processors)
+        self.triton_interpreted = info.triton_interpreted
+        path = info.model_info.tokenizer_path
+        self.tokenizer = load_tokenizer(path) if path else None
+        self.processor = Processor(self.tokenizer, info.model_info, self.max_model_len,
+                                   cfg.max_logprobs, logits_processor_factories(cfg))
         self.output_processor = OutputProcessor(self.tokenizer)
         self.loggers = list(loggers or [])
         # the latest records only: a long-lived engine must not grow; loggers keep the full trace
@@ -71,17 +71,13 @@ class LLMEngine:
         self._pending: list[RequestOutput] = []  # finished outside step(): reported by the next
         self._ids = itertools.count()
 
-    def _build_scheduler(self, cfg: DictConfig, bytes_per_block: int) -> Scheduler:
-        kv = instantiate(cfg.cache)(num_blocks=self.num_blocks, max_model_len=self.max_model_len,
-                                    bytes_per_block=bytes_per_block)
-        config = SchedulerConfig(
-            cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len,
-            cfg.long_prefill_token_threshold)
-        return Scheduler(config, kv, instantiate(cfg.scheduler), instantiate(cfg.preemption),
-                         clock=self.clock.now)
-
     @property
     def scheduler(self) -> Scheduler:
+        """The core's scheduler (engine_client=inproc only: with mp it lives in the core's
+        process)."""
+        if not isinstance(self.core, EngineCore):
+            raise AttributeError("engine_client=mp: the scheduler lives in the engine-core "
+                                 "process; its statistics reach the loggers")
         return self.core.scheduler
 
     @property
@@ -156,7 +152,7 @@ class LLMEngine:
     def _in_use(self, rid: str, batch: set[str]) -> bool:
         """Whether a live request, an unreported output or this batch holds `rid`."""
         return (rid in batch or self.output_processor.has_request(rid)
-                or rid in self.scheduler.requests
+                or self.core.has_request(rid)
                 or any(o.request_id == rid for o in self._pending))
 
     def abort_request(self, request_ids: list[str]) -> list[RequestOutput]:
@@ -204,9 +200,10 @@ class LLMEngine:
         except BaseException:
             self._pending = outputs + self._process(self.core.take_failed())
             raise
-        self.recent_steps.append(result.step_stats)
-        for logger in self.loggers:
-            logger.on_step(result.step_stats)
+        if result.step_stats is not None:
+            self.recent_steps.append(result.step_stats)
+            for logger in self.loggers:
+                logger.on_step(result.step_stats)
         return outputs + self._process(result.outputs)
 
     def _process(self, core_outputs: list[EngineCoreOutput]) -> list[RequestOutput]:
@@ -238,6 +235,42 @@ class LLMEngine:
                     self.core.add_request(request)
 
 
+@dataclass(frozen=True)
+class CoreInfo:
+    """What the frontend learns from the core it built (or that a core process sends back)."""
+
+    model_info: ModelInfo
+    num_blocks: int
+    max_model_len: int
+    kv_bytes_per_token: int
+    triton_interpreted: bool
+
+
+def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
+    """The engine core of a composed config: executor (and its worker), KV cache, scheduler."""
+    wc = worker_config(cfg)
+    executor = instantiate(cfg.executor)(config=wc)
+    interpreted = bool(executor.runs_kernels and uses_triton(wc) and (
+        import_module("lab.kernels").warn_if_interpreted()))
+    clock = executor.clock  # one clock for engine, core and scheduler
+    info = executor.model_info()
+    num_blocks = executor.determine_num_blocks(CacheSizing(
+        cfg.num_gpu_blocks, cfg.gpu_memory_utilization, cfg.cpu_kv_cache_gb))
+    max_model_len = resolve_max_model_len(
+        cfg.max_model_len, info.hf_config, num_blocks, cfg.block_size)
+    kv = instantiate(cfg.cache)(num_blocks=num_blocks, max_model_len=max_model_len,
+                                bytes_per_block=info.bytes_per_block)
+    config = SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, max_model_len,
+                             cfg.long_prefill_token_threshold)
+    scheduler = Scheduler(config, kv, instantiate(cfg.scheduler), instantiate(cfg.preemption),
+                          clock=clock.now)
+    executor.initialize_cache(num_blocks, max_model_len, num_swap_blocks(scheduler))
+    core = EngineCore(scheduler, executor, clock=clock.now,
+                      block_hasher=make_block_hasher(cfg.block_size))
+    return core, CoreInfo(info, num_blocks, max_model_len,
+                          info.bytes_per_block // cfg.block_size, interpreted)
+
+
 def uses_triton(wc: WorkerConfig) -> bool:
     """Whether the worker launches Triton kernels: its attention backend or its layer ops say so
     (a triton_* backend; kernels=triton, or auto on CUDA)."""
@@ -252,7 +285,12 @@ def worker_config(cfg: DictConfig) -> WorkerConfig:
         dtype=cfg.dtype, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed,
         kv_cache_dtype=cfg.cache.get("dtype", "auto"),
-        logits_processors=tuple(instantiate(c) for c in (cfg.get("logits_processors") or {}).values()))
+        logits_processors=logits_processor_factories(cfg))
+
+
+def logits_processor_factories(cfg: DictConfig) -> tuple:
+    """The configured logits processors as factories (Hydra partials), in the listed order."""
+    return tuple(instantiate(c) for c in (cfg.get("logits_processors") or {}).values())
 
 
 @dataclass(frozen=True)

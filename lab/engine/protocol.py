@@ -49,4 +49,6 @@ class EngineCoreOutputs:
     with the outputs, so loggers in the frontend see every step of a core in another process)."""
 
     outputs: list[EngineCoreOutput]
-    step_stats: StepStats | None = None
+    step_stats: StepStats | None = None  # None: not a step (an abort's outputs)
+    # the step raised in a core process: `outputs` are the requests it failed (reason error)
+    error: str | None = None

@@ -1,0 +1,149 @@
+"""EngineCoreProc: the engine core in its own process (`engine_client=mp`), vLLM V1's shape.
+
+    frontend (MPClient)                        core process (this module)
+    PUSH  --ADD/ABORT/SHUTDOWN frames-->  PULL  input thread: decode -> inputs queue
+                                               busy loop: drain inputs (block when idle),
+                                                          step, queue the step's result
+    PULL  <--EngineCoreOutputs (msgpack)-- PUSH output thread: encode + send
+
+The IO threads move messages between the ZMQ sockets and in-process queues, so decoding and
+encoding overlap the step (pyzmq and msgspec release the GIL while they copy). A step that
+raises fails its requests (EngineCore's rules) and the failure travels as an
+EngineCoreOutputs with `error` set; the loop serves on. The process ignores SIGINT (Ctrl-C is
+the frontend's to handle: it aborts its requests) and stops on SHUTDOWN or when the frontend
+closes; if it dies, the frontend notices (MPClient) and fails its callers.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+import traceback
+from dataclasses import dataclass
+
+import msgspec
+import zmq
+from omegaconf import OmegaConf
+
+from lab.engine.core import EngineCore
+from lab.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from lab.engine.request import RequestStatus
+from lab.engine.serial import MessageCodec
+
+ADD, ABORT, SHUTDOWN = b"\x00", b"\x01", b"\x02"
+
+
+@dataclass(frozen=True)
+class AbortMessage:
+    request_ids: list[str]
+    status: int = int(RequestStatus.FINISHED_ABORTED)
+
+
+def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready) -> None:
+    """Process entry: build the core from the composed config, report ready (or the error)
+    through the `ready` pipe, then serve until SHUTDOWN."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from lab.engine.llm_engine import build_core
+
+    try:
+        core, info = build_core(OmegaConf.create(cfg))
+    except BaseException as e:  # noqa: BLE001 - reported to the frontend, which raises it
+        ready.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        return
+    ready.send(("ready", info))
+    ready.close()
+    EngineCoreProc(core, input_addr, output_addr).run()
+
+
+class EngineCoreProc:
+    """The busy loop and its two IO threads around one EngineCore."""
+
+    def __init__(self, core: EngineCore, input_addr: str, output_addr: str) -> None:
+        self.core = core
+        self.inputs: queue.Queue = queue.Queue()
+        self.outputs: queue.Queue = queue.Queue()
+        self.ctx = zmq.Context()
+        self.threads = [
+            threading.Thread(target=self._input_loop, args=(input_addr,), daemon=True),
+            threading.Thread(target=self._output_loop, args=(output_addr,), daemon=True),
+        ]
+        self.stopping = False
+
+    def run(self) -> None:
+        for t in self.threads:
+            t.start()
+        while not self.stopping:
+            self._drain(block=not self.core.has_unfinished_requests())
+            if not self.stopping and self.core.has_unfinished_requests():
+                self._step()
+        self.outputs.put(None)
+        self.threads[1].join(timeout=5)
+        self.ctx.term()
+
+    def _drain(self, block: bool) -> None:
+        """Handle every queued input; wait for one first when there is nothing to step."""
+        try:
+            message = self.inputs.get(block=block)
+        except queue.Empty:
+            return
+        while True:
+            self._handle(message)
+            try:
+                message = self.inputs.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, message) -> None:
+        kind, payload = message
+        if kind == ADD:
+            try:
+                self.core.add_request(payload)
+            except Exception as e:  # noqa: BLE001 - refuse this request, serve the others
+                self.outputs.put(EngineCoreOutputs(
+                    [EngineCoreOutput(payload.request_id, [], finish_reason="error")],
+                    error=f"request {payload.request_id!r} refused: {type(e).__name__}: {e}"))
+        elif kind == ABORT:
+            outs = self.core.abort_requests(payload.request_ids, RequestStatus(payload.status))
+            if outs:
+                self.outputs.put(EngineCoreOutputs(outs))
+        elif kind == SHUTDOWN:
+            self.stopping = True
+
+    def _step(self) -> None:
+        try:
+            result = self.core.step()
+        except Exception as e:  # noqa: BLE001 - the step's requests failed; the loop serves on
+            failed = self.core.take_failed()
+            self.outputs.put(EngineCoreOutputs(failed, error=f"{type(e).__name__}: {e}"))
+            return
+        self.outputs.put(result)
+
+    # -- IO threads ----------------------------------------------------------------------------
+    def _input_loop(self, addr: str) -> None:
+        codec = MessageCodec()
+        abort_decoder = msgspec.msgpack.Decoder(AbortMessage)
+        sock = self.ctx.socket(zmq.PULL)
+        sock.connect(addr)
+        try:
+            while True:
+                kind, data = sock.recv_multipart()
+                if kind == ADD:
+                    self.inputs.put((ADD, codec.decode(data, EngineCoreRequest)))
+                elif kind == ABORT:
+                    self.inputs.put((ABORT, abort_decoder.decode(data)))
+                else:
+                    self.inputs.put((SHUTDOWN, None))
+                    return
+        finally:
+            sock.close(linger=0)
+
+    def _output_loop(self, addr: str) -> None:
+        codec = MessageCodec()
+        sock = self.ctx.socket(zmq.PUSH)
+        sock.connect(addr)
+        try:
+            while (result := self.outputs.get()) is not None:
+                sock.send(codec.encode(result))
+        finally:
+            sock.close(linger=1000)

@@ -1,0 +1,102 @@
+"""engine_client=mp: the engine core in its own process (ZMQ + msgspec) gives what the
+in-process core gives — tokens, logprobs, n > 1, stop strings, aborts, step statistics — and
+a dead core process fails its callers at once instead of hanging."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lab import LLM, SamplingParams
+from lab.engine.client import EngineDeadError
+from lab.metrics.memory import InMemoryLogger
+
+KNOBS = dict(attention="torch", num_gpu_blocks=64, block_size=4, max_model_len=128)
+PROMPTS = ["Hello world", "The cat sat", [5, 6, 7, 8]]
+
+
+@pytest.fixture(scope="module")
+def inproc():
+    return LLM("tiny_llama", **KNOBS)
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return InMemoryLogger()
+
+
+@pytest.fixture(scope="module")
+def mp(trace):
+    llm = LLM("tiny_llama", engine_client="mp", stat_loggers=[trace], **KNOBS)
+    yield llm
+    llm.engine.core.shutdown()
+
+
+def _same(a, b):
+    """Ids, text, finish and stop reasons exact; logprobs to 1e-5 (the core process may run
+    torch with another thread count, so reductions round differently)."""
+    ca, cb = [c for o in a for c in o.outputs], [c for o in b for c in o.outputs]
+    fields = lambda c: (c.token_ids, c.text, c.finish_reason, c.stop_reason)  # noqa: E731
+    if [fields(c) for c in ca] != [fields(c) for c in cb]:
+        return False
+    for x, y in zip(ca, cb):
+        for dx, dy in zip(x.logprobs or [], y.logprobs or []):
+            if list(dx) != list(dy) or any(abs(dx[t].logprob - dy[t].logprob) > 1e-5 or
+                                           dx[t].rank != dy[t].rank or
+                                           dx[t].decoded_token != dy[t].decoded_token for t in dx):
+                return False
+    return True
+
+
+@pytest.mark.parametrize("params", [
+    dict(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2),
+    dict(temperature=0.8, seed=3, n=3, max_tokens=5, ignore_eos=True),
+    dict(temperature=0, max_tokens=24, ignore_eos=True, stop=["e", "a"]),
+    dict(temperature=0, max_tokens=6, presence_penalty=1.0, bad_words=["the"]),
+])
+def test_mp_gives_what_inproc_gives(inproc, mp, params):
+    sp = SamplingParams(**params)
+    assert _same(mp.generate(PROMPTS, sp), inproc.generate(PROMPTS, sp))
+
+
+def test_step_statistics_travel_with_the_outputs(mp, trace):
+    before = len(trace.steps)
+    mp.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    steps = trace.steps[before:]
+    assert len(steps) >= 4 and sum(s.num_generated_tokens for s in steps) == 12
+    assert trace.requests[-1].num_output_tokens == 4
+
+
+def test_abort_reaches_the_core_and_reports_the_request(mp):
+    engine = mp.engine
+    rid = engine.add_request([3, 4, 5], SamplingParams(max_tokens=100, ignore_eos=True))
+    engine.step()
+    engine.abort_request([rid])
+    finals = []
+    while engine.has_unfinished_requests():
+        finals += [o for o in engine.step() if o.finished]
+    assert [(o.request_id, o.outputs[0].finish_reason) for o in finals] == [(rid, "abort")]
+
+
+def test_a_dead_core_process_fails_its_callers_at_once():
+    llm = LLM("tiny_llama", engine_client="mp", **KNOBS)
+    engine = llm.engine
+    rid = engine.add_request([3, 4, 5], SamplingParams(max_tokens=100, ignore_eos=True))
+    engine.step()
+    engine.core.proc.kill()
+    start = time.monotonic()
+    with pytest.raises(EngineDeadError, match="died"):
+        while True:
+            engine.step()
+    assert time.monotonic() - start < 2.0
+    (out,) = engine.step()  # the request it held is reported failed
+    assert (out.request_id, out.outputs[0].finish_reason) == (rid, "error")
+    with pytest.raises(EngineDeadError):
+        llm.generate(["again"])
+    llm.engine.core.shutdown()
+
+
+def test_engine_client_is_a_checked_knob():
+    with pytest.raises(ValueError, match="engine_client"):
+        LLM("tiny_llama", engine_client="threads", **KNOBS)
