@@ -64,7 +64,8 @@ def run_lab_settings(path: Path, prompts, args) -> dict[str, tuple[float, list[l
     and each keeps its fastest run (noise on these machines only ever adds time)."""
     llm = LLM(str(path), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens,
-              cpu_kv_cache_gb=1.0)  # a CPU cache every request fits in: speed, not preemption
+              cpu_kv_cache_gb=1.0,  # a CPU cache every request fits in: speed, not preemption
+              engine_client=args.engine_client)
     out: dict[str, tuple[float, list[list[int]]]] = {}
     for _ in range(args.repeat):
         for setting in settings_of(args.sampling):
@@ -147,6 +148,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sampling", default="off", choices=[*SAMPLING, "both"],
                    help="sampling features on every request (both: off, then "
                         "penalties_logprobs, and the slowdown of each engine)")
+    p.add_argument("--engine-client", default="inproc", choices=["inproc", "mp"],
+                   help="lab's engine core in this thread or in its own process")
     p.add_argument("--repeat", type=int, default=1,
                    help="time each setting N times, taking turns, and keep each one's fastest")
     return p.parse_args(argv)
