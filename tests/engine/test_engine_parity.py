@@ -27,3 +27,21 @@ def hf_outputs(model_name):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_greedy_parity(model_name, hf_outputs, mode):
     check_greedy_parity(model_name, hf_outputs, mode)
+
+
+@pytest.mark.parametrize("mode", ["prefix", "preempt"])
+def test_greedy_parity_through_the_mp_client(mode):
+    """Prefix caching and preemption with the engine core in its own process
+    (engine_client=mp), on the first GQA model; the modes' statistics come back with the
+    outputs. (Two of the four modes: each mp engine costs a process start.)"""
+    model = MODELS[0]
+    check_greedy_parity(model, _hf(model), mode, engine_client="mp")
+
+
+_HF_CACHE: dict = {}
+
+
+def _hf(model: str) -> dict:
+    if model not in _HF_CACHE:
+        _HF_CACHE[model] = hf_greedy_outputs(model)
+    return _HF_CACHE[model]
