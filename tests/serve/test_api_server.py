@@ -1,0 +1,178 @@
+"""The OpenAI-compatible server on tiny_llama, served by a real uvicorn in a thread: greedy
+outputs equal LLM.generate / LLM.chat, streaming, usage, 400s for bad input, aborts on
+disconnect, /health, /v1/models, /metrics."""
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from lab.engine.async_llm import AsyncLLM
+from lab.engine.llm import LLM
+from lab.sampling.params import SamplingParams
+from lab.serve.api_server import build_app
+
+KW = dict(attention="torch", num_gpu_blocks=64, block_size=4, max_model_len=128)
+PROMPT = "The quick brown fox"
+CHAT = [{"role": "user", "content": "Hello there"}]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("tiny_llama", **KW)
+
+
+@pytest.fixture(scope="module")
+def server(llm):
+    uvicorn = pytest.importorskip("uvicorn")
+    async_llm = AsyncLLM(llm.engine)  # the same engine: outputs comparable token for token
+    app = build_app(async_llm, "tiny_llama")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}", async_llm
+    srv.should_exit = True
+    thread.join(10)
+    async_llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server[0], timeout=30) as c:
+        yield c
+
+
+def _reference(llm, max_tokens=12):
+    # the server owns the engine thread now: run the reference before starting it
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return llm.generate(PROMPT, sp)[0].outputs[0], llm.chat(CHAT, sp)[0].outputs[0]
+
+
+@pytest.fixture(scope="module")
+def reference(llm):
+    return _reference(llm)
+
+
+def test_completion_matches_llm(reference, server, client):
+    ref, _ = reference
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 12,
+                                             "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["text"] == ref.text
+    assert body["choices"][0]["finish_reason"] == "length"
+    u = body["usage"]
+    assert u["completion_tokens"] == 12 and u["total_tokens"] == u["prompt_tokens"] + 12
+
+
+def test_chat_matches_llm_via_openai_client(reference, server):
+    openai = pytest.importorskip("openai")
+    _, ref = reference
+    c = openai.OpenAI(base_url=server[0] + "/v1", api_key="x")
+    resp = c.chat.completions.create(model="tiny_llama", messages=CHAT, max_tokens=12,
+                                     temperature=0, extra_body={"ignore_eos": True})
+    assert resp.choices[0].message.content == ref.text
+    assert resp.usage.completion_tokens == 12
+    chunks = list(c.chat.completions.create(
+        model="tiny_llama", messages=CHAT, max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == ref.text
+    assert chunks[-1].usage.completion_tokens == 12
+
+
+def test_completion_stream(reference, server, client):
+    ref, _ = reference
+    body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        raw = r.read().decode()
+    events = [e[len("data: "):] for e in raw.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    data = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["text"] for d in data for c in d["choices"]) == ref.text
+    assert data[-1]["usage"]["completion_tokens"] == 12
+    assert data[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_token_id_prompt_and_logprobs(llm, server, client):
+    ids = llm.get_tokenizer().encode(PROMPT)
+    r = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 4, "temperature": 0,
+                                             "logprobs": 2, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == 4 and all(v <= 0 for v in lp["token_logprobs"])
+    r = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 3,
+                                                  "logprobs": True, "top_logprobs": 2})
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert len(content) <= 3 and all(len(t["top_logprobs"]) == 2 for t in content)
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": "many"}, "max_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "bogus": 1}, "bogus"),
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 1000}, "max_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "temperature": 5}, "temperature"),
+    ("/v1/completions", {"prompt": PROMPT, "top_p": 0}, "top_p"),
+    ("/v1/completions", {"max_tokens": 3}, "prompt"),
+    ("/v1/completions", {"prompt": [], "max_tokens": 3}, "prompt"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages"),
+    ("/v1/chat/completions", {"messages": CHAT, "n": 0}, "n"),
+])
+def test_bad_requests_are_400(server, client, path, body, param):
+    r = client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == 400 and err["type"] == "BadRequestError"
+    assert err["param"] == param, err
+    assert client.get("/health").status_code == 200
+
+
+def test_malformed_json_is_400_and_server_still_serves(server, client):
+    r = client.post("/v1/completions", content=b"{not json",
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "error" in r.json()
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
+    assert r.status_code == 200
+
+
+def test_disconnect_aborts_request(server, client):
+    _, async_llm = server
+    body = {"prompt": PROMPT, "max_tokens": 100, "ignore_eos": True, "stream": True}
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+    # the response is closed: the server aborts the request and frees its blocks
+    kv = async_llm.engine.scheduler.kv
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        with async_llm.lock:
+            used = kv.num_used_blocks
+            busy = async_llm.engine.has_unfinished_requests()
+        if used == 0 and not busy:
+            break
+        time.sleep(0.05)
+    assert used == 0 and not busy
+    assert async_llm.num_unfinished() == 0
+
+
+def test_health_models_version_metrics(server, client):
+    assert client.get("/health").status_code == 200
+    models = client.get("/v1/models").json()
+    assert models["data"][0]["id"] == "tiny_llama"
+    assert "version" in client.get("/version").json()
+    text = client.get("/metrics").text
+    assert "lab:generation_tokens_total" in text
