@@ -21,11 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def serve_config(overrides: list[str]):
-    from lab.engine.config import compose_config
+    from lab.engine.config import compose_config, without_loggers_unless_given
 
-    if not any(o.lstrip("+~").startswith("logger=") for o in overrides):
-        overrides = [*overrides, "logger=[]"]
-    return compose_config(overrides)
+    return compose_config(without_loggers_unless_given(overrides))
 
 
 def serve(argv: list[str]) -> None:
@@ -37,16 +35,18 @@ def serve(argv: list[str]) -> None:
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     import uvicorn
+    from omegaconf import OmegaConf
 
     from lab.engine.async_llm import AsyncLLM
     from lab.engine.knobs import check_command_line
+    from lab.metrics.prometheus import model_name_of
     from lab.serve.api_server import build_app
 
     refusal = check_command_line(args.overrides)
     if refusal is not None:
         sys.exit(f"lab serve: {refusal}")
     cfg = serve_config(args.overrides)
-    name = args.served_model_name or str(cfg.model.get("name") or cfg.model.get("path") or "lab")
+    name = args.served_model_name or model_name_of(OmegaConf.to_container(cfg))
     async_llm = AsyncLLM.from_config(cfg)
     try:
         uvicorn.run(build_app(async_llm, name), host=args.host, port=args.port,

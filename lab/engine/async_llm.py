@@ -25,16 +25,13 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
+from lab.engine.core import EngineDeadError
 from lab.engine.llm_engine import LLMEngine
 from lab.engine.outputs import RequestOutput
 from lab.metrics.base import StatLogger
 from lab.sampling.params import SamplingParams, as_sampling_params
 
 log = logging.getLogger(__name__)
-
-
-class EngineDeadError(RuntimeError):
-    """The engine thread died; no request can finish any more."""
 
 
 class EngineStepError(RuntimeError):
@@ -90,6 +87,7 @@ class AsyncLLM:
         self._abort_lock = threading.Lock()
         self._stopped = False
         self._dead: BaseException | None = None
+        self._step_error: BaseException | None = None  # the last step's failure (engine thread)
         self._thread = threading.Thread(target=self._run, name="lab-engine", daemon=True)
         self._thread.start()
 
@@ -173,9 +171,7 @@ class AsyncLLM:
             if ids and self._dead is None:
                 self.engine.abort_request(ids)
             self._fail_all(EngineDeadError("the engine was shut down"))
-        close = getattr(self.engine.core, "shutdown", None)
-        if callable(close) and self.engine.executor is None:  # engine_client=mp: its process
-            close()
+        self.engine.shutdown()
 
     # -- the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -209,12 +205,9 @@ class AsyncLLM:
         with self.lock:
             try:
                 outputs = self.engine.step()
-                error = None
-            except Exception as e:  # the step's requests were failed; the rest go on
+            except Exception as e:  # the step's requests were failed; the next step reports them
                 log.warning("engine step failed: %r", e)
-                outputs, error = [], e
-            if error is not None:
-                self._step_error = error
+                outputs, self._step_error = [], e
             for out in outputs:
                 stream = self._streams.get(out.request_id)
                 if stream is None:  # aborted, or another owner's
@@ -223,10 +216,9 @@ class AsyncLLM:
                 if out.finished:
                     del self._streams[out.request_id]
                     if any(c.finish_reason == "error" for c in out.outputs):
-                        cause = getattr(self, "_step_error", None)
                         item = EngineStepError(f"the engine step serving request "
-                                               f"{out.request_id!r} failed: {cause!r}")
-                        item.__cause__ = cause
+                                               f"{out.request_id!r} failed: {self._step_error!r}")
+                        item.__cause__ = self._step_error
                 self._put(stream, item)
 
     def _fail_all(self, error: BaseException) -> None:

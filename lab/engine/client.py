@@ -21,6 +21,7 @@ import msgspec
 import zmq
 from omegaconf import DictConfig, OmegaConf
 
+from lab.engine.core import EngineDeadError
 from lab.engine.core_proc import ABORT, ADD, SHUTDOWN, AbortMessage, run_engine_core
 from lab.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from lab.engine.request import RequestStatus
@@ -32,10 +33,6 @@ STARTUP_TIMEOUT_S = 900.0  # loading a big checkpoint takes a while
 
 class EngineCoreError(RuntimeError):
     """A step raised inside the engine-core process (its requests were failed, reason error)."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine-core process is gone; nothing it held can finish."""
 
 
 class MPClient:

@@ -14,6 +14,13 @@ GROUPS = ("model", "attention", "kernels", "quant", "scheduler", "preemption", "
           "executor", "logger", "logits_processors", "sim/step_time")
 
 
+def without_loggers_unless_given(overrides: list[str]) -> list[str]:
+    """Embedded engines (LLM, lab serve) log nowhere unless a `logger=` override asks."""
+    if any(o.lstrip("+~").startswith("logger=") for o in overrides):
+        return list(overrides)
+    return [*overrides, "logger=[]"]
+
+
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
     """Compose conf/config.yaml with Hydra command-line style overrides (no output dir)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):

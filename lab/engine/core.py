@@ -22,6 +22,11 @@ class EngineStuckError(RuntimeError):
     step could make progress either. A scheduler bug, reported instead of spinning."""
 
 
+class EngineDeadError(RuntimeError):
+    """The engine can serve nothing any more: its core process (engine_client=mp) or the thread
+    that steps it (AsyncLLM) is gone."""
+
+
 class EngineCore:
     """Owns the scheduler and the executor; one `step()` is one forward pass."""
 
@@ -53,6 +58,9 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def shutdown(self) -> None:
+        """Nothing to release in-process (an mp client stops its core process here)."""
 
     def has_request(self, request_id: str) -> bool:
         """Whether a request of this id is in the core (waiting, running or swapped)."""

@@ -16,7 +16,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lab.engine.config import CONF_DIR, GROUPS, compose_config, set_knobs
+from lab.engine.config import (
+    CONF_DIR,
+    GROUPS,
+    compose_config,
+    set_knobs,
+    without_loggers_unless_given,
+)
 from lab.engine.llm_engine import LLMEngine, RequestSpec
 from lab.engine.outputs import RequestOutput
 from lab.metrics.base import StatLogger
@@ -39,9 +45,7 @@ class LLM:
         option = _model_option(model)
         overrides = [f"{k}={_group_value(v)}" for k, v in groups.items()]
         overrides.append(f"model={option}")
-        if "logger" not in groups:
-            overrides.append("logger=[]")
-        cfg = compose_config(overrides)
+        cfg = compose_config(without_loggers_unless_given(overrides))
         if option == "hf" and model != "hf":  # a checkpoint directory
             knobs.setdefault("model.path", str(Path(model).resolve()))
         elif option == "hf" and "model.path" not in knobs:

@@ -71,6 +71,11 @@ class LLMEngine:
         self._pending: list[RequestOutput] = []  # finished outside step(): reported by the next
         self._ids = itertools.count()
 
+    def shutdown(self) -> None:
+        """Release what the engine holds outside this process (engine_client=mp: the core's
+        process); in-process there is nothing to do."""
+        self.core.shutdown()
+
     @property
     def scheduler(self) -> Scheduler:
         """The core's scheduler (engine_client=inproc only: with mp it lives in the core's

@@ -144,7 +144,9 @@ class PrometheusLogger(StatLogger):
             self._server = None
 
     def exposition(self) -> str:
-        """The Prometheus text format of every metric, as served on /metrics."""
+        """The Prometheus text format of every metric, as served on /metrics (every `lab:`
+        metric is declared, with zeros, before the first step)."""
+        self._ensure_metrics()
         return generate_latest(self.registry).decode()
 
     def _ensure_metrics(self) -> LabMetrics:

@@ -22,9 +22,9 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from prometheus_client import generate_latest
 
-from lab.engine.async_llm import AsyncLLM, EngineDeadError
+from lab.engine.async_llm import AsyncLLM
+from lab.engine.core import EngineDeadError
 from lab.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from lab.metrics.prometheus import PrometheusLogger
 from lab.sampling.params import FIELDS, RequestOutputKind, SamplingParams
@@ -74,7 +74,6 @@ def build_app(async_llm: AsyncLLM, model_name: str = "lab") -> FastAPI:
     if prom is None:
         prom = PrometheusLogger(model_name, textfile=None)
         async_llm.engine.loggers.append(prom)
-    prom._ensure_metrics()
     app.state.prometheus = prom
     created = int(time.time())
 
@@ -114,7 +113,7 @@ def build_app(async_llm: AsyncLLM, model_name: str = "lab") -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(generate_latest(prom.registry).decode(),
+        return PlainTextResponse(prom.exposition(),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/v1/completions")

@@ -66,7 +66,7 @@ def check_greedy_parity(model_name: str, hf_outputs: dict, mode: str, **knobs) -
     if mode == "chunked":
         assert max(s.num_scheduled_tokens for s in steps) <= 16
     if knobs.get("engine_client") == "mp":  # the cache lives in the core process
-        llm.engine.core.shutdown()
+        llm.engine.shutdown()
         return
     kv = llm.engine.scheduler.kv
     assert kv.num_free_blocks == kv.num_blocks - 1

@@ -30,7 +30,7 @@ def trace():
 def mp(trace):
     llm = LLM("tiny_llama", engine_client="mp", stat_loggers=[trace], **KNOBS)
     yield llm
-    llm.engine.core.shutdown()
+    llm.engine.shutdown()
 
 
 def _same(a, b):
@@ -94,7 +94,7 @@ def test_a_dead_core_process_fails_its_callers_at_once():
     assert (out.request_id, out.outputs[0].finish_reason) == (rid, "error")
     with pytest.raises(EngineDeadError):
         llm.generate(["again"])
-    llm.engine.core.shutdown()
+    llm.engine.shutdown()
 
 
 def test_engine_client_is_a_checked_knob():
