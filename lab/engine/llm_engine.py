@@ -165,10 +165,10 @@ class LLMEngine:
         outputs (finish reason `abort`), which the next step() reports too, so a step loop sees
         every request finish. A parallel-sampling parent's id aborts all its children."""
         engine_ids = self.output_processor.engine_ids(list(request_ids))
+        # children still held back behind an aborted child 0 never reach the core: they end here
         held = [r for first in engine_ids for r in self._held.pop(first, [])]
         core_outs = self.core.abort_requests(engine_ids)
-        core_outs += [EngineCoreOutput(r.request_id, [], finish_reason="abort")
-                      for r in held if r.request_id in set(engine_ids)]
+        core_outs += [EngineCoreOutput(r.request_id, [], finish_reason="abort") for r in held]
         outs = self._process(core_outs)
         self._pending.extend(outs)
         return outs

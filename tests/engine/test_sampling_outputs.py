@@ -204,3 +204,17 @@ def test_a_users_processor_is_one_class_and_one_config_entry():
     outs = llm.generate([PROMPT, PROMPT], [plain, seeded])
     assert outs[0].outputs[0].token_ids[0] == first  # unseeded: untouched
     assert first not in outs[1].outputs[0].token_ids  # seeded: banned
+
+
+def test_aborting_child_0_before_its_prefill_ends_its_held_siblings_too(llm):
+    """Siblings wait for child 0's prefill; if child 0 is aborted first (by its own id) they
+    can never start, so they end as aborted too instead of being dropped unreported."""
+    engine = llm.engine
+    rid = engine.add_request([3, 4, 5, 6], SamplingParams(n=3, seed=2, max_tokens=5))
+    outs = engine.abort_request([f"0_{rid}"])
+    assert outs and outs[-1].finished
+    assert sorted(c.index for o in outs for c in o.outputs) == [0, 1, 2]
+    assert not engine.output_processor.has_request(rid)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.scheduler.kv.num_used_blocks == 0
