@@ -19,22 +19,21 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -r
 trap cleanup EXIT
 wait_up() { for _ in $(seq 600); do curl -sf "http://127.0.0.1:$1/v1/models" >/dev/null && return 0; sleep 0.5; done; return 1; }
 
+bench_all() {  # ENGINE PORT: the client at every rate against the server on PORT
+  wait_up "$2"
+  for rate in $RATES; do
+    python3 -m lab.bench.serve --base-url "http://127.0.0.1:$2" --model "$MODEL" --tokenizer "$DIR" \
+      --num-prompts "$N" --request-rate "$rate" --input-len "$IN" --output-len "$OUTLEN" \
+      --seed 0 --ignore-eos --result-json "$OUT/$1_rate$rate.json" > "$OUT/$1_rate$rate.txt"
+  done
+}
+
 python3 -m lab.cli serve model="$MODEL" attention=torch dtype=float32 cpu_kv_cache_gb=1.0 \
   --port 8741 --served-model-name "$MODEL" > "$OUT/lab_server.log" 2>&1 & pids+=($!)
-wait_up 8741
-for rate in $RATES; do
-  python3 -m lab.bench.serve --base-url http://127.0.0.1:8741 --model "$MODEL" --tokenizer "$DIR" \
-    --num-prompts "$N" --request-rate "$rate" --input-len "$IN" --output-len "$OUTLEN" \
-    --seed 0 --ignore-eos --result-json "$OUT/lab_rate$rate.json" > "$OUT/lab_rate$rate.txt"
-done
+bench_all lab 8741
 kill "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true
 
 PYTHONPATH=$META VLLM_CPU_KVCACHE_SPACE=2 "$VLLM_VENV/bin/vllm" serve "$DIR" --dtype float32 \
   --max-model-len 1024 --port 8742 --served-model-name "$MODEL" > "$OUT/vllm_server.log" 2>&1 & pids+=($!)
-wait_up 8742
-for rate in $RATES; do
-  python3 -m lab.bench.serve --base-url http://127.0.0.1:8742 --model "$MODEL" --tokenizer "$DIR" \
-    --num-prompts "$N" --request-rate "$rate" --input-len "$IN" --output-len "$OUTLEN" \
-    --seed 0 --ignore-eos --result-json "$OUT/vllm_rate$rate.json" > "$OUT/vllm_rate$rate.txt"
-done
+bench_all vllm 8742
 python3 experiments/serving/table.py "$OUT" $RATES | tee "$OUT/table.md"
