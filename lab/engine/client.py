@@ -1,29 +1,46 @@
-"""MPClient: the frontend's handle on an engine core in its own process (`engine_client=mp`).
+"""The frontend's handles on an engine core in its own process: MPClient (`engine_client=mp`,
+synchronous, for LLM / LLMEngine) and AsyncMPClient (`engine_client=async_mp`, asyncio, for
+AsyncLLM and `lab serve`).
 
-It offers what LLMEngine uses of an in-process EngineCore — add_request, abort_requests,
-step, has_unfinished_requests, take_failed — over two ZMQ sockets (lab/engine/core_proc.py):
-requests go out as they are added, and `step()` returns the core's next EngineCoreOutputs (the
-core steps on its own while it has requests). Aborts are asynchronous: their final outputs come
-with a later step(). A step that failed in the core raises EngineCoreError here after handing its
-failed requests to take_failed(), like EngineCore.step. If the core process dies, every call
-raises EngineDeadError naming it (checked at least every POLL_S while waiting), never hangs.
+MPClient offers what LLMEngine uses of an in-process EngineCore — add_request, abort_requests,
+step, has_unfinished_requests, take_failed, call_utility — over two ZMQ sockets
+(lab/engine/core_proc.py): requests go out as they are added, and `step()` returns the core's
+next EngineCoreOutputs (the core steps on its own while it has requests). Aborts are
+asynchronous: their final outputs come with a later step(). A step that failed in the core
+raises EngineCoreError here after handing its failed requests to take_failed(), like
+EngineCore.step. If the core process dies, every call raises EngineDeadError naming it (checked
+at least every POLL_S while waiting), never hangs.
+
+AsyncMPClient adds `await get_output_async()` (the next step result, for one output-handler
+task) and `await call_utility_async(...)`, so a server's event loop waits on the core without a
+thread; sending stays synchronous (a PUSH to a local socket does not block).
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import itertools
 import multiprocessing
 import shutil
 import tempfile
 import time
+from collections import deque
 
 import msgspec
 import zmq
+import zmq.asyncio
 from omegaconf import DictConfig, OmegaConf
 
-from lab.engine.core import EngineDeadError
-from lab.engine.core_proc import ABORT, ADD, SHUTDOWN, AbortMessage, run_engine_core
-from lab.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from lab.engine.core import EngineCore, EngineDeadError
+from lab.engine.core_proc import ABORT, ADD, SHUTDOWN, UTILITY, AbortMessage, run_engine_core
+from lab.engine.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    UtilityCall,
+    UtilityResult,
+)
 from lab.engine.request import RequestStatus
 from lab.engine.serial import MessageCodec
 
@@ -32,7 +49,8 @@ STARTUP_TIMEOUT_S = 900.0  # loading a big checkpoint takes a while
 
 
 class EngineCoreError(RuntimeError):
-    """A step raised inside the engine-core process (its requests were failed, reason error)."""
+    """A step raised inside the engine-core process (its requests were failed, reason error),
+    or a utility call failed there."""
 
 
 class MPClient:
@@ -61,6 +79,8 @@ class MPClient:
         self.info = self._wait_ready(ready)
         self._live: set[str] = set()  # requests sent whose final output has not come back
         self._failed: list[EngineCoreOutput] = []
+        self._early: deque[EngineCoreOutputs] = deque()  # step results read by call_utility
+        self._call_ids = itertools.count()
         self.dead: str | None = None
         self._closed = False
         atexit.register(self.shutdown)
@@ -76,7 +96,16 @@ class MPClient:
                 self.shutdown()
                 raise EngineDeadError(f"the engine-core process was not ready after "
                                       f"{STARTUP_TIMEOUT_S:.0f} s")
-        kind, payload = ready.recv()
+        try:
+            kind, payload = ready.recv()
+        except EOFError:  # the child closed the pipe without a word: it failed to start
+            self.proc.join(timeout=5)
+            self.shutdown()
+            raise EngineDeadError(
+                f"the engine-core process exited while starting (exit code {self.proc.exitcode})"
+                "; a script that starts an engine with engine_client=mp / async_mp must do so "
+                "under `if __name__ == '__main__':` (the core process is spawned, and re-imports "
+                "the main module)") from None
         ready.close()
         if kind != "ready":
             self.shutdown()
@@ -110,17 +139,54 @@ class MPClient:
 
     def step(self) -> EngineCoreOutputs:
         """The core's next result (a step's, or an abort's); empty when nothing is live."""
-        if not self._live:
+        if self._early:
+            result = self._early.popleft()
+        elif not self._live:
             return EngineCoreOutputs([])
-        while not self.output.poll(int(POLL_S * 1000)):
-            self._check_alive()
-        result = self.codec.decode(self.output.recv(), EngineCoreOutputs)
-        for out in result.outputs:
-            if out.finished:
-                self._live.discard(out.request_id)
+        else:
+            result = self._recv()
         if result.error is not None:
             self._failed.extend(result.outputs)
             raise EngineCoreError(f"the engine core's step failed: {result.error}")
+        return result
+
+    def call_utility(self, method: str, *args):
+        """Run `EngineCore.<method>(*args)` in the core process (one of EngineCore.UTILITIES)
+        and return its result; step results that arrive meanwhile wait for step()."""
+        call_id = self._send_utility(method, args)
+        while True:
+            result = self._recv()
+            if result.utility is None:
+                self._early.append(result)
+            elif result.utility.call_id == call_id:
+                return self._utility_value(method, result.utility)
+
+    def _send_utility(self, method: str, args) -> int:
+        if method not in EngineCore.UTILITIES:  # refused here, before it crosses
+            raise ValueError(f"utility {method!r} is not one of {sorted(EngineCore.UTILITIES)}")
+        self._check_alive()
+        call_id = next(self._call_ids)
+        self.input.send_multipart([UTILITY, self.codec.encode(UtilityCall(call_id, method,
+                                                                         list(args)))])
+        return call_id
+
+    @staticmethod
+    def _utility_value(method: str, answer: UtilityResult):
+        if answer.error is not None:
+            raise EngineCoreError(f"utility {method!r} failed in the engine core: "
+                                  f"{answer.error}")
+        return msgspec.convert(answer.result, EngineCore.UTILITIES[method])
+
+    def _recv(self) -> EngineCoreOutputs:
+        """The core's next message (waiting, checking that the core lives every POLL_S)."""
+        while not self.output.poll(int(POLL_S * 1000)):
+            self._check_alive()
+        return self._track(self.codec.decode(self.output.recv(), EngineCoreOutputs))
+
+    def _track(self, result: EngineCoreOutputs) -> EngineCoreOutputs:
+        for out in result.outputs:
+            if out.finished:
+                self._live.discard(out.request_id)
         return result
 
     def take_failed(self) -> list[EngineCoreOutput]:
@@ -157,3 +223,60 @@ class MPClient:
                     sock.close(linger=0)
             self.ctx.term()
             shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class AsyncMPClient(MPClient):
+    """MPClient plus asyncio waits on the output socket (see the module docstring). Use the
+    async methods from one event loop; `get_output_async` from one task only."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        super().__init__(cfg)
+        self._aoutput = zmq.asyncio.Socket.shadow(self.output.underlying)
+        self._calls: dict[int, asyncio.Future] = {}
+        self._recv: asyncio.Future | None = None  # the pending receive (kept across timeouts)
+
+    async def get_output_async(self) -> EngineCoreOutputs:
+        """The core's next step (or abort) result, as it comes; a failed step's result has
+        `error` set and its failed requests as outputs. Answers utility calls on the way.
+        Raises EngineDeadError (failing the pending utility calls too) if the core dies."""
+        while True:
+            try:
+                data = await self._next_message()
+            except EngineDeadError as e:
+                for future in self._calls.values():
+                    if not future.done():
+                        future.set_exception(EngineDeadError(str(e)))
+                self._calls.clear()
+                raise
+            result = self._track(self.codec.decode(data, EngineCoreOutputs))
+            if result.utility is None:
+                return result
+            future = self._calls.pop(result.utility.call_id, None)
+            if future is not None and not future.done():
+                future.set_result(result.utility)
+
+    async def _next_message(self) -> bytes:
+        """The next frame from the core; one receive stays pending across the POLL_S checks
+        that the core lives (a cancelled caller leaves it for the next call)."""
+        if self._recv is not None and self._recv.get_loop() is not asyncio.get_running_loop():
+            try:  # left pending by a loop that is gone: never let it take a message
+                self._recv.cancel()
+            except RuntimeError:
+                pass
+            self._recv = None
+        if self._recv is None:
+            self._recv = asyncio.ensure_future(self._aoutput.recv(copy=False))
+        while True:
+            done, _ = await asyncio.wait({self._recv}, timeout=POLL_S)
+            if done:
+                frame, self._recv = self._recv.result(), None
+                return frame.buffer
+            self._check_alive()
+
+    async def call_utility_async(self, method: str, *args):
+        """`call_utility` for the event loop: the answer comes through get_output_async, which
+        a task of the caller's must be running."""
+        future = asyncio.get_running_loop().create_future()
+        call_id = self._send_utility(method, args)
+        self._calls[call_id] = future
+        return self._utility_value(method, await future)

@@ -9,7 +9,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from lab.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from lab.engine.protocol import (
+    CoreStatus,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+)
 from lab.engine.request import Request, RequestStatus
 from lab.executor.base import Executor
 from lab.metrics.stats import RequestStats, StepStats
@@ -61,6 +66,28 @@ class EngineCore:
 
     def shutdown(self) -> None:
         """Nothing to release in-process (an mp client stops its core process here)."""
+
+    #: the methods a client may run by name (`call_utility`; over ZMQ for a core process),
+    #: with the type of their result (a remote client converts the plain data back to it)
+    UTILITIES: dict[str, type] = {"status": CoreStatus, "reset_prefix_cache": bool}
+
+    def call_utility(self, method: str, *args):
+        """Run one of UTILITIES (a client's request by name); an unknown name is a ValueError
+        naming the allowed ones."""
+        if method not in self.UTILITIES:
+            raise ValueError(f"utility {method!r} is not one of {sorted(self.UTILITIES)}")
+        return getattr(self, method)(*args)
+
+    def status(self) -> CoreStatus:
+        """Requests and device KV blocks in use now (see CoreStatus)."""
+        s, kv = self.scheduler, self.scheduler.kv
+        return CoreStatus(len(s.requests), len(s.running), len(s.requests) - len(s.running)
+                          - kv.num_swapped_reqs, kv.num_used_blocks, kv.num_blocks - 1,
+                          kv.num_swapped_reqs)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (False while requests hold blocks: nothing is reset)."""
+        return self.scheduler.kv.reset_prefix_cache()
 
     def has_request(self, request_id: str) -> bool:
         """Whether a request of this id is in the core (waiting, running or swapped)."""

@@ -1,7 +1,7 @@
 """EngineCoreProc: the engine core in its own process (`engine_client=mp`), vLLM V1's shape.
 
     frontend (MPClient)                        core process (this module)
-    PUSH  --ADD/ABORT/SHUTDOWN frames-->  PULL  input thread: decode -> inputs queue
+    PUSH  --ADD/ABORT/UTILITY/SHUTDOWN-->  PULL  input thread: decode -> inputs queue
                                                busy loop: drain inputs (block when idle),
                                                           step, queue the step's result
     PULL  <--EngineCoreOutputs (msgpack)-- PUSH output thread: encode + send
@@ -9,7 +9,9 @@
 The IO threads move messages between the ZMQ sockets and in-process queues, so decoding and
 encoding overlap the step (pyzmq and msgspec release the GIL while they copy). A step that
 raises fails its requests (EngineCore's rules) and the failure travels as an
-EngineCoreOutputs with `error` set; the loop serves on. The process ignores SIGINT (Ctrl-C is
+EngineCoreOutputs with `error` set; the loop serves on. A UTILITY frame runs one of
+`EngineCore.UTILITIES` between steps (e.g. "status": requests and KV blocks in use) and sends
+its result as an EngineCoreOutputs with `utility` set. The process ignores SIGINT (Ctrl-C is
 the frontend's to handle: it aborts its requests) and stops on SHUTDOWN or when the frontend
 closes; if it dies, the frontend notices (MPClient) and fails its callers.
 """
@@ -27,11 +29,17 @@ import zmq
 from omegaconf import OmegaConf
 
 from lab.engine.core import EngineCore
-from lab.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from lab.engine.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    UtilityCall,
+    UtilityResult,
+)
 from lab.engine.request import RequestStatus
 from lab.engine.serial import MessageCodec
 
-ADD, ABORT, SHUTDOWN = b"\x00", b"\x01", b"\x02"
+ADD, ABORT, SHUTDOWN, UTILITY = b"\x00", b"\x01", b"\x02", b"\x03"
 
 
 @dataclass(frozen=True)
@@ -44,10 +52,12 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready) -> None
     """Process entry: build the core from the composed config, report ready (or the error)
     through the `ready` pipe, then serve until SHUTDOWN."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from lab.engine.llm_engine import build_core
+    from lab.engine.llm_engine import build_core, set_cpu_threads
 
     try:
-        core, info = build_core(OmegaConf.create(cfg))
+        config = OmegaConf.create(cfg)
+        set_cpu_threads(config.cpu_threads, core_process=True)
+        core, info = build_core(config)
     except BaseException as e:  # noqa: BLE001 - reported to the frontend, which raises it
         ready.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         return
@@ -107,8 +117,16 @@ class EngineCoreProc:
             outs = self.core.abort_requests(payload.request_ids, RequestStatus(payload.status))
             if outs:
                 self.outputs.put(EngineCoreOutputs(outs))
+        elif kind == UTILITY:
+            self.outputs.put(EngineCoreOutputs([], utility=self._utility(payload)))
         elif kind == SHUTDOWN:
             self.stopping = True
+
+    def _utility(self, call: UtilityCall) -> UtilityResult:
+        try:
+            return UtilityResult(call.call_id, self.core.call_utility(call.method, *call.args))
+        except Exception as e:  # noqa: BLE001 - the caller gets the error, the core serves on
+            return UtilityResult(call.call_id, error=f"{type(e).__name__}: {e}")
 
     def _step(self) -> None:
         try:
@@ -132,6 +150,8 @@ class EngineCoreProc:
                     self.inputs.put((ADD, codec.decode(data, EngineCoreRequest)))
                 elif kind == ABORT:
                     self.inputs.put((ABORT, abort_decoder.decode(data)))
+                elif kind == UTILITY:
+                    self.inputs.put((UTILITY, codec.decode(data, UtilityCall)))
                 else:
                     self.inputs.put((SHUTDOWN, None))
                     return

@@ -6,6 +6,7 @@ plain data that `lab.engine.serial` encodes as MessagePack (msgspec) and decodes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from lab.metrics.stats import RequestStats, StepStats
 from lab.sampling.logprobs import LogprobsLists
@@ -52,3 +53,36 @@ class EngineCoreOutputs:
     step_stats: StepStats | None = None  # None: not a step (an abort's outputs)
     # the step raised in a core process: `outputs` are the requests it failed (reason error)
     error: str | None = None
+    utility: UtilityResult | None = None  # the answer to a utility call (no step, no outputs)
+
+
+@dataclass(frozen=True)
+class UtilityCall:
+    """Ask the core to run one of `EngineCore.UTILITIES` (e.g. "status") and send the result."""
+
+    call_id: int
+    method: str
+    args: list[Any]
+
+
+@dataclass(frozen=True)
+class UtilityResult:
+    """A utility call's result (plain data), or the error it raised."""
+
+    call_id: int
+    result: Any = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class CoreStatus:
+    """The core's state between steps, for clients and tests (`EngineCore.status`):
+    `num_used_blocks` counts device KV blocks held by requests (evictable cached blocks are
+    free), so 0 with no request means nothing leaked."""
+
+    num_requests: int
+    num_running: int
+    num_waiting: int
+    num_used_blocks: int
+    num_blocks: int
+    num_swapped_reqs: int

@@ -16,12 +16,12 @@ from typing import TypeVar
 
 import msgspec
 
-from lab.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from lab.engine.protocol import EngineCoreOutputs, EngineCoreRequest, UtilityCall
 
 T = TypeVar("T")
 
-#: what crosses the process boundary: requests in, step results out
-MESSAGE_TYPES = (EngineCoreRequest, EngineCoreOutputs)
+#: what crosses the process boundary: requests and utility calls in, step results out
+MESSAGE_TYPES = (EngineCoreRequest, EngineCoreOutputs, UtilityCall)
 
 
 class MessageCodec:

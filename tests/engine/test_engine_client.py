@@ -100,3 +100,21 @@ def test_a_dead_core_process_fails_its_callers_at_once():
 def test_engine_client_is_a_checked_knob():
     with pytest.raises(ValueError, match="engine_client"):
         LLM("tiny_llama", engine_client="threads", **KNOBS)
+
+
+def test_status_utility_reports_requests_and_blocks(mp, inproc):
+    """call_utility("status") crosses to the core process; step results that arrive while it
+    waits are kept for step()."""
+    engine = mp.engine
+    rid = engine.add_request([3, 4, 5, 6, 7], SamplingParams(max_tokens=30, ignore_eos=True))
+    engine.step()
+    busy = engine.core_status()
+    assert busy.num_requests == 1 and busy.num_used_blocks >= 2
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    assert len([o for o in outs if o.request_id == rid][-1].outputs[0].token_ids) == 30
+    assert engine.core_status() == inproc.engine.core_status()  # idle: nothing held
+    assert engine.core_status().num_used_blocks == 0
+    with pytest.raises(ValueError, match="status"):
+        engine.core.call_utility("shutdown")
