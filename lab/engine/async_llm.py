@@ -1,18 +1,28 @@
-"""AsyncLLM: an LLMEngine behind asyncio, for servers (vLLM's AsyncLLM, one process).
+"""AsyncLLM: an LLMEngine behind asyncio, for servers (vLLM's AsyncLLM).
 
-    async_llm = AsyncLLM.from_config(compose_config(["model=tiny_llama", "logger=[]"]))
+    async_llm = AsyncLLM.from_config(compose_config(["model=tiny_llama", "logger=[]",
+                                                     "engine_client=async_mp"]))
     async for out in async_llm.generate("Hello", SamplingParams(max_tokens=8), "req-0"):
         ...
 
-One background thread steps the engine while it holds requests and sleeps on a
-`threading.Event` when idle. The engine is not thread-safe: every access to it (add, abort, step,
-tokenize) holds `self.lock`. Outputs reach each request's consumer through its own
-`asyncio.Queue`, filled from the engine thread with `loop.call_soon_threadsafe`. A consumer that
-stops (cancelled, generator closed, client gone) aborts its request: the abort is queued and run
-on the engine thread, which frees the request's KV blocks before its next step. A step that raises
-fails only the requests it touched (LLMEngine.step): their consumers get the exception; the
-others go on. If the engine thread itself dies, `is_healthy` turns False and every consumer gets
-`EngineDeadError`.
+The frontend (Processor, OutputProcessor, parallel sampling: the LLMEngine) always runs in this
+process; the engine core runs where `engine_client` says, and a driver moves its results:
+
+- `async_mp` (lab serve's default): the core steps in its own process
+  (lab/engine/core_proc.py). One output-handler task on the event loop awaits each step's result
+  (AsyncMPClient.get_output_async), turns it into RequestOutputs and hands them to the request
+  streams; adds and aborts run on the loop too. No thread, no lock: the HTTP server, the
+  detokenizer and the model step run in parallel on two processes.
+- `inproc` (and the synchronous `mp` client): one background thread steps the engine while it
+  holds requests and sleeps on a `threading.Event` when idle. The engine is not thread-safe:
+  every access to it (add, abort, step, tokenize) holds the driver's lock.
+
+Outputs reach each request's consumer through its own `asyncio.Queue`. A consumer that stops
+(cancelled, generator closed, client gone) aborts its request; the core frees its KV blocks
+before its next step. A step that raises fails only the requests it touched: their consumers get
+EngineStepError; the others go on. If the engine thread or the core process dies, `is_healthy`
+turns False and every consumer gets EngineDeadError (the core's death is noticed within
+POLL_S).
 """
 
 from __future__ import annotations
@@ -20,14 +30,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import DictConfig
 
 from lab.engine.core import EngineDeadError
 from lab.engine.llm_engine import LLMEngine
 from lab.engine.outputs import RequestOutput
+from lab.engine.protocol import CoreStatus
 from lab.metrics.base import StatLogger
 from lab.sampling.params import SamplingParams, as_sampling_params
 
@@ -76,20 +88,17 @@ class RequestStream:
 
 
 class AsyncLLM:
-    """An LLMEngine stepped by one background thread; requests come and go from asyncio."""
+    """An LLMEngine whose requests come and go from asyncio (see the module docstring)."""
 
     def __init__(self, engine: LLMEngine) -> None:
+        from lab.engine.client import AsyncMPClient
+
         self.engine = engine
-        self.lock = threading.Lock()  # every engine access
-        self._wake = threading.Event()
-        self._streams: dict[str, _Stream] = {}  # guarded by self.lock
-        self._aborts: list[str] = []  # guarded by self._abort_lock; run on the engine thread
-        self._abort_lock = threading.Lock()
+        self._streams: dict[str, _Stream] = {}  # touched by the driver's side only
         self._stopped = False
         self._dead: BaseException | None = None
-        self._step_error: BaseException | None = None  # the last step's failure (engine thread)
-        self._thread = threading.Thread(target=self._run, name="lab-engine", daemon=True)
-        self._thread.start()
+        driver = _LoopDriver if isinstance(engine.core, AsyncMPClient) else _ThreadDriver
+        self._driver: _Driver = driver(self)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, loggers: list[StatLogger] | None = None) -> AsyncLLM:
@@ -98,7 +107,7 @@ class AsyncLLM:
     # -- state ---------------------------------------------------------------------------------
     @property
     def is_healthy(self) -> bool:
-        return self._dead is None and self._thread.is_alive()
+        return self._dead is None and not self._stopped and self._driver.alive()
 
     @property
     def tokenizer(self):
@@ -108,28 +117,37 @@ class AsyncLLM:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    @property
+    def event_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop the engine's outputs are handled on (async_mp, once a request came; None
+        for the thread driver): another thread reaches the engine through it, e.g.
+        `asyncio.run_coroutine_threadsafe(async_llm.get_status(), async_llm.event_loop)`."""
+        return getattr(self._driver, "loop", None)
+
     def num_unfinished(self) -> int:
-        with self.lock:
-            return len(self._streams)
+        """Requests whose consumer still waits for outputs."""
+        return len(self._streams)
+
+    async def get_status(self) -> CoreStatus:
+        """The core's requests and KV blocks in use (e.g. 0 blocks once every request ended)."""
+        self._check_running()
+        return await self._driver.core_status()
 
     # -- requests ------------------------------------------------------------------------------
     async def add_request(self, prompt: str | list[int], params: SamplingParams | dict | None,
                           request_id: str | None = None) -> RequestStream:
         """Validate and queue a request (a bad one raises ValueError / TypeError here, before
         any output); return the stream of its outputs, in the caller's output_kind."""
-        if self._dead is not None or self._stopped:
-            raise EngineDeadError("the engine is not running") from self._dead
+        self._check_running()
         params = SamplingParams() if params is None else as_sampling_params(params)
         stream = _Stream(asyncio.get_running_loop())
-        rid = await asyncio.to_thread(self._add, prompt, params, request_id, stream)
-        self._wake.set()
-        return RequestStream(self, rid, stream)
 
-    def _add(self, prompt, params, request_id, stream: _Stream) -> str:
-        with self.lock:
+        def add() -> str:
             rid = self.engine.add_request(prompt, params, request_id=request_id)
             self._streams[rid] = stream
             return rid
+
+        return RequestStream(self, await self._driver.run(add), stream)
 
     async def generate(self, prompt: str | list[int], params: SamplingParams | dict | None = None,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
@@ -140,96 +158,259 @@ class AsyncLLM:
             yield out
 
     def abort(self, request_id: str) -> None:
-        """Abort a request (from any thread); runs on the engine thread, which frees its blocks
-        before the next step. Its consumer gets nothing more."""
-        with self._abort_lock:
-            self._aborts.append(request_id)
-        self._wake.set()
+        """Abort a request (from any thread): the driver's side ends it in the core, which frees
+        its blocks before the next step. Its consumer gets nothing more."""
+        self._driver.abort(request_id)
 
     async def tokenize(self, text: str) -> list[int]:
-        return await asyncio.to_thread(self._locked, lambda: self.engine.tokenizer.encode(text))
+        return await self._driver.run(lambda: self.engine.tokenizer.encode(text))
 
     async def apply_chat_template(self, messages: list[dict]) -> list[int]:
         tok = self.engine.tokenizer
         if tok is None:
             raise ValueError("chat needs the model's tokenizer, and this model has none")
-        return await asyncio.to_thread(self._locked,
-                                       lambda: tok.apply_chat_template(messages, None, True))
+        return await self._driver.run(lambda: tok.apply_chat_template(messages, None, True))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the driver and the engine (its core process, if any); unfinished requests end,
+        their consumers get EngineDeadError."""
+        self._stopped = True
+        self._driver.stop(timeout)
+        ids = list(self._streams)
+        self._fail_all(EngineDeadError("the engine was shut down"))
+        if ids and self._dead is None:
+            try:
+                self.engine.abort_request(ids)
+            except EngineDeadError:
+                pass
+        self.engine.shutdown()
+
+    # -- the driver's side: outputs to streams -------------------------------------------------
+    def _check_running(self) -> None:
+        if self._dead is not None or self._stopped:
+            raise EngineDeadError(f"the engine is not running: {self._dead or 'shut down'}") \
+                from self._dead
+
+    def _abort_now(self, ids: list[str]) -> None:
+        """End these requests (on the driver's side); their final outputs go nowhere."""
+        live = [i for i in ids if self._streams.pop(i, None) is not None]
+        if not live or self._dead is not None:
+            return
+        try:
+            self.engine.abort_request(live)
+        except EngineDeadError:  # the driver notices and fails every stream
+            return
+        self.engine.take_outputs(set(live))
+
+    def _dispatch(self, outputs: list[RequestOutput], error: BaseException | None) -> None:
+        """Hand each output to its request's stream; a request failed by a step gets
+        EngineStepError (caused by `error`)."""
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:  # aborted, or another owner's
+                continue
+            item: RequestOutput | BaseException = out
+            if out.finished:
+                del self._streams[out.request_id]
+                if any(c.finish_reason == "error" for c in out.outputs):
+                    item = EngineStepError(f"the engine step serving request "
+                                           f"{out.request_id!r} failed: {error!r}")
+                    item.__cause__ = error
+            self._driver.put(stream, item)
+
+    def _die(self, error: BaseException) -> None:
+        self._dead = error
+        self._fail_all(error if isinstance(error, EngineDeadError)
+                       else EngineDeadError(f"the engine died: {error!r}"))
+
+    def _fail_all(self, error: BaseException) -> None:
+        for stream in self._streams.values():
+            self._driver.put(stream, error)
+        self._streams.clear()
+
+
+class _Driver:
+    """Where the engine is touched from: runs adds / aborts / steps and delivers outputs."""
+
+    def __init__(self, owner: AsyncLLM) -> None:
+        self.owner, self.engine = owner, owner.engine
+
+    async def run(self, fn: Callable[[], Any]) -> Any:
+        raise NotImplementedError
+
+    def abort(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    async def core_status(self) -> CoreStatus:
+        raise NotImplementedError
+
+    def put(self, stream: _Stream, item) -> None:
+        """Deliver to a stream from a thread that is not its loop's."""
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        except RuntimeError:  # the consumer's loop is closed: nobody listens
+            pass
+
+    def alive(self) -> bool:
+        raise NotImplementedError
+
+    def stop(self, timeout: float) -> None:
+        raise NotImplementedError
+
+
+class _ThreadDriver(_Driver):
+    """One background thread steps the engine (inproc, or the synchronous mp client); every
+    engine access holds `lock`."""
+
+    def __init__(self, owner: AsyncLLM) -> None:
+        super().__init__(owner)
+        self.lock = threading.Lock()
+        self._wake = threading.Event()
+        self._aborts: list[str] = []  # guarded by _abort_lock; run on the engine thread
+        self._abort_lock = threading.Lock()
+        self._stopping = False
+        self._step_error: BaseException | None = None  # the last step's failure
+        self._thread = threading.Thread(target=self._loop, name="lab-engine", daemon=True)
+        self._thread.start()
+
+    async def run(self, fn):
+        result = await asyncio.to_thread(self._locked, fn)
+        self._wake.set()
+        return result
 
     def _locked(self, fn):
         with self.lock:
             return fn()
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the engine thread; unfinished requests are aborted, their consumers get
-        EngineDeadError."""
-        self._stopped = True
+    def abort(self, request_id: str) -> None:
+        with self._abort_lock:
+            self._aborts.append(request_id)
+        self._wake.set()
+
+    async def core_status(self) -> CoreStatus:
+        return await asyncio.to_thread(self._locked, self.engine.core_status)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float) -> None:
+        self._stopping = True
         self._wake.set()
         self._thread.join(timeout)
-        with self.lock:
-            ids = list(self._streams)
-            if ids and self._dead is None:
-                self.engine.abort_request(ids)
-            self._fail_all(EngineDeadError("the engine was shut down"))
-        self.engine.shutdown()
 
-    # -- the engine thread ---------------------------------------------------------------------
-    def _run(self) -> None:
+    def _loop(self) -> None:
         try:
-            while not self._stopped:
+            while not self._stopping:
                 self._wake.clear()
-                self._do_aborts()
+                with self._abort_lock:
+                    ids, self._aborts = self._aborts, []
                 with self.lock:
+                    if ids:
+                        self.owner._abort_now(ids)
                     busy = self.engine.has_unfinished_requests()
                 if not busy:
                     self._wake.wait()
                     continue
-                self._step()
+                with self.lock:
+                    self._step()
         except BaseException as e:  # noqa: BLE001 - reported through is_healthy and streams
             log.exception("the engine thread died")
-            self._dead = e
             with self.lock:
-                self._fail_all(EngineDeadError(f"the engine thread died: {e!r}"))
-
-    def _do_aborts(self) -> None:
-        with self._abort_lock:
-            ids, self._aborts = self._aborts, []
-        if not ids:
-            return
-        with self.lock:
-            live = [i for i in ids if self._streams.pop(i, None) is not None]
-            if live:
-                self.engine.abort_request(live)
+                self.owner._die(EngineDeadError(f"the engine thread died: {e!r}"))
 
     def _step(self) -> None:
-        with self.lock:
-            try:
-                outputs = self.engine.step()
-            except Exception as e:  # the step's requests were failed; the next step reports them
-                log.warning("engine step failed: %r", e)
-                outputs, self._step_error = [], e
-            for out in outputs:
-                stream = self._streams.get(out.request_id)
-                if stream is None:  # aborted, or another owner's
-                    continue
-                item: RequestOutput | BaseException = out
-                if out.finished:
-                    del self._streams[out.request_id]
-                    if any(c.finish_reason == "error" for c in out.outputs):
-                        item = EngineStepError(f"the engine step serving request "
-                                               f"{out.request_id!r} failed: {self._step_error!r}")
-                        item.__cause__ = self._step_error
-                self._put(stream, item)
-
-    def _fail_all(self, error: BaseException) -> None:
-        """Hand `error` to every open stream (holding self.lock)."""
-        for stream in self._streams.values():
-            self._put(stream, error)
-        self._streams.clear()
-
-    @staticmethod
-    def _put(stream: _Stream, item) -> None:
         try:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
-        except RuntimeError:  # the consumer's loop is closed: nobody listens
-            pass
+            outputs = self.engine.step()
+        except EngineDeadError:
+            raise
+        except Exception as e:  # the step's requests were failed; the next step reports them
+            log.warning("engine step failed: %r", e)
+            outputs, self._step_error = [], e
+        self.owner._dispatch(outputs, self._step_error)
+
+
+class _LoopDriver(_Driver):
+    """The engine lives on the event loop (async_mp): one output-handler task awaits the core
+    process's results; adds and aborts run on the loop as they come."""
+
+    def __init__(self, owner: AsyncLLM) -> None:
+        super().__init__(owner)
+        self.core = owner.engine.core
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+
+    def _ensure_started(self) -> None:
+        """Start the output handler on the running loop (again, once a previous loop closed:
+        asyncio.run one after another)."""
+        loop = asyncio.get_running_loop()
+        if self._task is not None and loop is not self.loop and self.loop.is_closed():
+            self._task = None
+        if self._task is None:
+            self.loop = loop
+            self._task = loop.create_task(self._handle_outputs(), name="lab-outputs")
+        elif loop is not self.loop:
+            raise RuntimeError("an async_mp AsyncLLM serves one event loop at a time: the one "
+                               "that sent its first request is still open")
+
+    async def run(self, fn):
+        self._ensure_started()
+        return fn()
+
+    def abort(self, request_id: str) -> None:
+        if self.loop is None or self.loop.is_closed():
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self.owner._abort_now([request_id])
+        else:
+            self.loop.call_soon_threadsafe(self.owner._abort_now, [request_id])
+
+    async def core_status(self) -> CoreStatus:
+        self._ensure_started()
+        return await self.core.call_utility_async("status")
+
+    def put(self, stream: _Stream, item) -> None:
+        if stream.loop is self.loop:  # called on the loop: no wake-up needed
+            stream.queue.put_nowait(item)
+        else:
+            super().put(stream, item)
+
+    def alive(self) -> bool:
+        """The core process lives and the handler has not died (cancelled with its closed loop
+        is fine: the next request starts another)."""
+        task = self._task
+        return self.core.proc.is_alive() and not (
+            task is not None and task.done() and not task.cancelled())
+
+    def stop(self, timeout: float) -> None:
+        task, loop = self._task, self.loop
+        if task is None or task.done() or loop is None or loop.is_closed():
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            task.cancel()
+        else:
+            loop.call_soon_threadsafe(task.cancel)
+
+    async def _handle_outputs(self) -> None:
+        """Core results -> RequestOutputs -> streams, until the core dies or we stop."""
+        from lab.engine.client import EngineCoreError
+
+        try:
+            while True:
+                result = await self.core.get_output_async()
+                outputs = self.engine.take_pending() + self.engine.absorb(result)
+                error = None if result.error is None else EngineCoreError(result.error)
+                self.owner._dispatch(outputs, error)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - reported through is_healthy and streams
+            if not isinstance(e, EngineDeadError):
+                log.exception("the output handler died")
+            self.owner._die(e)

@@ -91,8 +91,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob("long_prefill_token_threshold", "an integer >= 0 (0 = off)", _int_at_least(0)),
     Knob("seed", "an integer in [0, 2**63)", lambda v: _is_int(v) and 0 <= v < 2**63),
     Knob("device", "auto, cpu, cuda or cuda:N", _device),
-    Knob("engine_client", "inproc (the engine core in this thread) or mp (in its own process)",
-         lambda v: v in ("inproc", "mp")),
+    Knob("cpu_threads", "null (torch's default; in an engine-core process: CPU cores - 1, "
+         "one left to the frontend) or an integer >= 1 (torch threads of the engine core)",
+         _or_null(_int_at_least(1))),
+    Knob("engine_client", "inproc (the engine core in this thread), mp (in its own process, "
+         "synchronous client) or async_mp (in its own process, asyncio client: lab serve's "
+         "default)", lambda v: v in ("inproc", "mp", "async_mp")),
     Knob("dtype", ", ".join(DTYPE_NAMES), lambda v: str(v).lower() in DTYPE_NAMES),
     Knob("slo.ttft_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
     Knob("slo.tpot_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import import_module
 
+import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
@@ -20,7 +22,7 @@ from lab.engine.output_processor import OutputProcessor
 from lab.engine.outputs import RequestOutput
 from lab.engine.parallel_sampling import ParentRequest
 from lab.engine.processor import ProcessedRequest, Processor
-from lab.engine.protocol import EngineCoreOutput, EngineCoreRequest
+from lab.engine.protocol import CoreStatus, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from lab.engine.request import RequestStatus
 from lab.executor.base import ModelInfo
 from lab.metrics.base import StatLogger
@@ -42,13 +44,14 @@ class LLMEngine:
     ) -> None:
         validate_config(cfg)  # every knob named with its allowed values before anything is built
         self.cfg = cfg
-        if cfg.engine_client == "mp":  # the core in its own process (lab/engine/core_proc.py)
-            from lab.engine.client import MPClient
+        if cfg.engine_client in ("mp", "async_mp"):  # the core in its own process
+            from lab.engine.client import AsyncMPClient, MPClient
 
-            self.core = MPClient(cfg)
+            self.core = (MPClient if cfg.engine_client == "mp" else AsyncMPClient)(cfg)
             info = self.core.info
             self.executor, self.clock = None, Clock()  # the executor is the core process's
         else:
+            set_cpu_threads(cfg.cpu_threads, core_process=False)
             self.core, info = build_core(cfg)
             self.executor, self.clock = self.core.executor, self.core.executor.clock
         self.model_info = info.model_info
@@ -197,7 +200,7 @@ class LLMEngine:
         reason `error`, blocks freed; see EngineCore.step); their outputs come with the next
         step(). The engine serves the next step as usual.
         """
-        outputs, self._pending = self._pending, []
+        outputs = self.take_pending()
         if not self.core.has_unfinished_requests():
             return outputs
         try:
@@ -205,11 +208,27 @@ class LLMEngine:
         except BaseException:
             self._pending = outputs + self._process(self.core.take_failed())
             raise
+        return outputs + self.absorb(result)
+
+    def take_pending(self) -> list[RequestOutput]:
+        """The final outputs of requests that finished outside a step (step() reports them
+        first; an asyncio frontend that reads the core itself takes them here)."""
+        outputs, self._pending = self._pending, []
+        return outputs
+
+    def absorb(self, result: EngineCoreOutputs) -> list[RequestOutput]:
+        """One core result -> RequestOutputs: its step statistics to the loggers, its outputs
+        through the output processor (see _process). A failed step's result (`error` set)
+        gives its requests' final outputs, finish reason `error`."""
         if result.step_stats is not None:
             self.recent_steps.append(result.step_stats)
             for logger in self.loggers:
                 logger.on_step(result.step_stats)
-        return outputs + self._process(result.outputs)
+        return self._process(result.outputs)
+
+    def core_status(self) -> CoreStatus:
+        """The core's requests and KV blocks in use now (over ZMQ for a core process)."""
+        return self.core.call_utility("status")
 
     def _process(self, core_outputs: list[EngineCoreOutput]) -> list[RequestOutput]:
         """Core outputs -> RequestOutputs; stop requests whose text hit a stop string; record
@@ -274,6 +293,22 @@ def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
                       block_hasher=make_block_hasher(cfg.block_size))
     return core, CoreInfo(info, num_blocks, max_model_len,
                           info.bytes_per_block // cfg.block_size, interpreted)
+
+
+def set_cpu_threads(knob: int | None, core_process: bool) -> None:
+    """torch's CPU threads for the engine core: the `cpu_threads` knob; unset, an engine-core
+    process leaves one core to the frontend (HTTP, detokenizing), as vLLM-CPU reserves one for
+    its API server — on a small machine, a torch thread that shares its core with the frontend
+    stalls every parallel region of the step — and an in-process engine keeps torch's
+    default."""
+    n = knob if knob is not None else (cpu_threads_for_core_process() if core_process else None)
+    if n is not None:
+        torch.set_num_threads(n)
+
+
+def cpu_threads_for_core_process() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) - 1)
 
 
 def uses_triton(wc: WorkerConfig) -> bool:

@@ -169,6 +169,8 @@ def build_app(async_llm: AsyncLLM, model_name: str = "lab") -> FastAPI:
         try:
             async for out in stream:  # DELTA outputs: accumulate them
                 final = out if final is None else _merge(final, out)
+        except EngineDeadError as e:  # the engine is gone: the server is unhealthy
+            return error_response(str(e), None, 503, "ServiceUnavailableError")
         except Exception as e:  # a failed step (not the client's fault)
             return error_response(str(e), None, 500, "InternalServerError")
         finally:

@@ -14,6 +14,7 @@ from lab.engine.async_llm import AsyncLLM
 from lab.engine.llm import LLM
 from lab.sampling.params import SamplingParams
 from lab.serve.api_server import build_app
+from tests.serve.uvicorn_thread import wait_idle
 
 KW = dict(attention="torch", num_gpu_blocks=64, block_size=4, max_model_len=128)
 PROMPT = "The quick brown fox"
@@ -156,16 +157,8 @@ def test_disconnect_aborts_request(server, client):
         lines = r.iter_lines()
         assert next(lines).startswith("data: ")
     # the response is closed: the server aborts the request and frees its blocks
-    kv = async_llm.engine.scheduler.kv
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        with async_llm.lock:
-            used = kv.num_used_blocks
-            busy = async_llm.engine.has_unfinished_requests()
-        if used == 0 and not busy:
-            break
-        time.sleep(0.05)
-    assert used == 0 and not busy
+    status = wait_idle(async_llm)
+    assert (status.num_requests, status.num_used_blocks) == (0, 0)
     assert async_llm.num_unfinished() == 0
 
 

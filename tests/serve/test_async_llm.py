@@ -1,15 +1,25 @@
-"""AsyncLLM: outputs equal LLM.generate; consumers that stop abort; a failed step fails only
-its requests; shutdown."""
+"""AsyncLLM over each of its clients — `inproc` (an engine thread) and `async_mp` (the core in
+its own process, an output-handler task on the event loop): outputs equal LLM.generate;
+consumers that stop abort and free their blocks; a failed step fails only its requests;
+shutdown ends every stream."""
 
 import asyncio
 
 import pytest
 
 from lab.engine.async_llm import AsyncLLM, EngineStepError
+from lab.engine.config import compose_config
+from lab.engine.core import EngineDeadError
 from lab.engine.llm import LLM
 from lab.sampling.params import RequestOutputKind, SamplingParams
 
 KW = dict(attention="torch", num_gpu_blocks=64, block_size=4, max_model_len=128)
+CLIENTS = ["inproc", "async_mp"]
+
+
+def _config(client: str, *extra: str):
+    return compose_config(["model=tiny_llama", "logger=[]", f"engine_client={client}",
+                           *(f"{k}={v}" for k, v in KW.items()), *extra])
 
 
 @pytest.fixture(scope="module")
@@ -17,78 +27,103 @@ def llm():
     return LLM("tiny_llama", **KW)
 
 
-def test_generate_delta_and_abort(llm):
-    sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    ref = [llm.generate(p, sp)[0].outputs[0] for p in ("Hello", "Once upon")]
-    a = AsyncLLM(llm.engine)
+@pytest.fixture(scope="module", params=CLIENTS)
+def async_llm(request):
+    a = AsyncLLM.from_config(_config(request.param))
+    yield a
+    a.shutdown()
+
+
+async def _settle(a: AsyncLLM):
+    """The core's status once no request is left in it (aborts are asynchronous over mp)."""
+    for _ in range(250):
+        status = await a.get_status()
+        if status.num_requests == 0:
+            return status
+        await asyncio.sleep(0.02)
+    return status
+
+
+def test_generate_delta_and_abort(llm, async_llm):
+    a = async_llm
+    ref = [llm.generate(p, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0]
+           .outputs[0] for p in ("Hello", "Once upon")]
+
+    async def one(prompt, rid):
+        text, ids = "", []
+        async for out in a.generate(prompt, SamplingParams(
+                temperature=0, max_tokens=10, ignore_eos=True,
+                output_kind=RequestOutputKind.DELTA), rid):
+            text += out.outputs[0].text
+            ids += out.outputs[0].token_ids
+        return text, ids
+
+    async def early(rid):
+        async for _ in a.generate("Hello", SamplingParams(max_tokens=100, ignore_eos=True), rid):
+            break  # closing the generator aborts the request
+
+    async def main():
+        res = await asyncio.gather(one("Hello", "a"), one("Once upon", "b"), early("c"))
+        return res, await _settle(a)
+
+    ((t1, i1), (t2, i2), _), status = asyncio.run(main())
+    assert (t1, i1) == (ref[0].text, ref[0].token_ids)
+    assert (t2, i2) == (ref[1].text, ref[1].token_ids)
+    assert (status.num_requests, status.num_used_blocks) == (0, 0)
+    assert a.num_unfinished() == 0 and a.is_healthy
+
+
+def test_a_second_event_loop_is_served_too(llm, async_llm):
+    """asyncio.run after asyncio.run (a notebook, a test suite): the next loop is served."""
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
+                        output_kind=RequestOutputKind.FINAL_ONLY)
+
+    async def main():
+        return [o async for o in async_llm.generate("Hi", sp)][-1].outputs[0].token_ids
+
+    assert asyncio.run(main()) == asyncio.run(main()) == \
+        llm.generate("Hi", sp)[0].outputs[0].token_ids
+
+
+def test_bad_request_raises_before_output(async_llm):
+    async def main():
+        with pytest.raises(ValueError, match="prompt"):
+            await async_llm.add_request([], SamplingParams())
+        return await async_llm.get_status()
+    assert asyncio.run(main()).num_requests == 0
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_failed_step_fails_only_its_consumers(client):
+    a = AsyncLLM.from_config(_config(
+        client, "executor._target_=tests.serve.flaky_executor.FlakyExecutor",
+        "+executor.fail_on_calls=[2]"))
     try:
-        async def one(prompt, rid):
-            text, ids = "", []
-            async for out in a.generate(prompt, SamplingParams(
-                    temperature=0, max_tokens=10, ignore_eos=True,
-                    output_kind=RequestOutputKind.DELTA), rid):
-                text += out.outputs[0].text
-                ids += out.outputs[0].token_ids
-            return text, ids
-
-        async def early(rid):
-            async for _ in a.generate("Hello", SamplingParams(max_tokens=100, ignore_eos=True),
-                                      rid):
-                break  # closing the generator aborts the request
-
         async def main():
-            res = await asyncio.gather(one("Hello", "a"), one("Once upon", "b"), early("c"))
-            for _ in range(200):
-                with a.lock:
-                    idle = not a.engine.has_unfinished_requests()
-                if idle:
-                    break
-                await asyncio.sleep(0.02)
-            return res
-
-        (t1, i1), (t2, i2), _ = asyncio.run(main())
-        assert (t1, i1) == (ref[0].text, ref[0].token_ids)
-        assert (t2, i2) == (ref[1].text, ref[1].token_ids)
-        assert llm.engine.scheduler.kv.num_used_blocks == 0
-        assert a.is_healthy
-    finally:
-        a.shutdown()
-    assert not a.is_healthy
-
-
-def test_bad_request_raises_before_output(llm):
-    a = AsyncLLM(llm.engine)
-    try:
-        async def main():
-            with pytest.raises(ValueError, match="prompt"):
-                await a.add_request([], SamplingParams())
-        asyncio.run(main())
-    finally:
-        a.shutdown()
-
-
-def test_failed_step_fails_only_its_consumers(llm, monkeypatch):
-    a = AsyncLLM(llm.engine)
-    executor = llm.engine.executor
-    real = executor.execute_model
-    calls = {"n": 0}
-
-    def flaky(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise RuntimeError("boom")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(executor, "execute_model", flaky)
-    try:
-        async def main():
-            with pytest.raises(EngineStepError):
+            with pytest.raises(EngineStepError, match="injected fault"):
                 async for _ in a.generate("Hello", SamplingParams(max_tokens=20, ignore_eos=True)):
                     pass
             outs = [o async for o in a.generate("Hello", SamplingParams(max_tokens=3))]
-            return outs[-1]
+            return outs[-1], await _settle(a)
 
-        last = asyncio.run(main())
-        assert last.finished and a.is_healthy
+        last, status = asyncio.run(main())
+        assert last.finished and a.is_healthy and status.num_used_blocks == 0
     finally:
         a.shutdown()
+
+
+def test_shutdown_ends_every_stream(llm):
+    a = AsyncLLM(llm.engine)
+
+    async def main():
+        stream = await a.add_request("Hello", SamplingParams(max_tokens=100, ignore_eos=True))
+        a.shutdown()
+        with pytest.raises(EngineDeadError):
+            async for _ in stream:
+                pass
+        with pytest.raises(EngineDeadError):
+            await a.add_request("Hello", SamplingParams())
+
+    asyncio.run(main())
+    assert not a.is_healthy
+    assert llm.engine.scheduler.kv.num_used_blocks == 0
