@@ -1,11 +1,13 @@
 """The `lab` command.
 
     lab serve [HYDRA OVERRIDES...] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
+              [--run-dir DIR]            # logger=[console,jsonl,wandb] record the live steps
     lab run [run.py arguments...]              # python run.py ...
     lab bench serve|throughput|overhead|kernels [arguments...]   # python -m lab.bench.<name>
 
 `lab serve` composes the engine config exactly as run.py and LLM do (compose_config with the
-overrides; no loggers unless `logger=...` is given) and serves it with uvicorn
+overrides; no loggers unless `logger=...` is given), runs the engine core in its own process
+(engine_client=async_mp unless an override says otherwise) and serves it with uvicorn
 (lab/serve/api_server.py).
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import runpy
 import sys
+import time
 from pathlib import Path
 
 BENCHES = ("serve", "throughput", "overhead", "kernels")
@@ -21,9 +24,53 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def serve_config(overrides: list[str]):
-    from lab.engine.config import compose_config, without_loggers_unless_given
+    """run.py's config with these overrides; the engine core in its own process
+    (engine_client=async_mp, as vLLM serves) unless the overrides choose a client, or
+    executor=sim (its virtual clock needs the core in this process)."""
+    return serve_config_and_choices(overrides)[0]
 
-    return compose_config(without_loggers_unless_given(overrides))
+
+def serve_config_and_choices(overrides: list[str]):
+    from lab.engine.config import compose_with_choices, without_loggers_unless_given
+
+    cfg, choices = compose_with_choices(without_loggers_unless_given(overrides))
+    chosen = any(o.lstrip("+~").startswith("engine_client=") for o in overrides)
+    if not chosen and not cfg.executor.get("_target_", "").endswith("sim.SimExecutor"):
+        cfg.engine_client = "async_mp"
+    return cfg, choices
+
+
+def default_run_dir() -> Path:
+    """Where `lab serve logger=[...]` writes, like run.py's Hydra layout: outputs/serve/DAY/TIME."""
+    return Path("outputs") / "serve" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
+
+
+def start_loggers(cfg, choices: dict[str, str], run_dir: Path) -> list:
+    """The config's loggers, started on `run_dir` (which gets the run's config.yaml, as a
+    run.py run directory does); none when the config has none."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from lab.engine.config import run_config_yaml
+
+    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values()]
+    if loggers:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(run_config_yaml(cfg, choices))
+        for logger in loggers:
+            logger.on_start(run_dir, OmegaConf.to_container(cfg, resolve=True))
+    return loggers
+
+
+def close_loggers(loggers: list, engine, wall_time: float) -> None:
+    """Close the loggers with a summary of the engine's recent window (the last
+    `stats_window` steps and requests: a server keeps no unbounded history; the loggers
+    themselves recorded every step)."""
+    from lab.metrics.stats import summarize
+
+    summary = summarize(list(engine.recent_steps), list(engine.recent_requests), wall_time)
+    for logger in loggers:
+        logger.close(summary)
 
 
 def serve(argv: list[str]) -> None:
@@ -33,7 +80,9 @@ def serve(argv: list[str]) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--log-level", default="info")
-    args = parser.parse_args(argv)
+    parser.add_argument("--run-dir", default=None, type=Path,
+                        help="where logger=[...] writes (default outputs/serve/DAY/TIME)")
+    args = parser.parse_intermixed_args(argv)  # overrides before or after the options
     import uvicorn
     from omegaconf import OmegaConf
 
@@ -45,14 +94,17 @@ def serve(argv: list[str]) -> None:
     refusal = check_command_line(args.overrides)
     if refusal is not None:
         sys.exit(f"lab serve: {refusal}")
-    cfg = serve_config(args.overrides)
+    cfg, choices = serve_config_and_choices(args.overrides)
     name = args.served_model_name or model_name_of(OmegaConf.to_container(cfg))
-    async_llm = AsyncLLM.from_config(cfg)
+    start = time.monotonic()
+    loggers = start_loggers(cfg, choices, args.run_dir or default_run_dir())
+    async_llm = AsyncLLM.from_config(cfg, loggers)
     try:
         uvicorn.run(build_app(async_llm, name), host=args.host, port=args.port,
                     log_level=args.log_level)
     finally:
         async_llm.shutdown()
+        close_loggers(loggers, async_llm.engine, time.monotonic() - start)
 
 
 def run(argv: list[str]) -> None:

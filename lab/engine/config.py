@@ -23,8 +23,19 @@ def without_loggers_unless_given(overrides: list[str]) -> list[str]:
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
     """Compose conf/config.yaml with Hydra command-line style overrides (no output dir)."""
+    return compose_with_choices(overrides)[0]
+
+
+def compose_with_choices(overrides: list[str] | None = None) -> tuple[DictConfig, dict[str, str]]:
+    """compose_config, plus the option chosen in every group (as hydra_choices gives inside a
+    Hydra job), for a run directory's config.yaml outside one (lab serve)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return compose(config_name="config", overrides=list(overrides or []))
+        cfg = compose(config_name="config", overrides=list(overrides or []),
+                      return_hydra_config=True)
+    choices = group_choices(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, choices
 
 
 @cache

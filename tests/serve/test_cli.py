@@ -22,3 +22,39 @@ def test_bad_commands_exit(argv):
 def test_serve_refuses_unknown_knob():
     with pytest.raises(SystemExit, match="unknown setting"):
         main(["serve", "bogus_knob=1"])
+
+
+def test_serve_runs_the_core_in_its_own_process_unless_told():
+    assert serve_config(["model=tiny_llama"]).engine_client == "async_mp"
+    assert serve_config(["engine_client=inproc"]).engine_client == "inproc"
+    assert serve_config(["executor=sim"]).engine_client == "inproc"  # its clock is in-process
+
+
+def test_serve_loggers_record_the_live_steps(tmp_path):
+    """`lab serve logger=[jsonl]`: the steps of a core in its own process reach the frontend's
+    loggers (they travel with the outputs) and land in the run directory."""
+    import asyncio
+    import json
+
+    from lab.cli import close_loggers, serve_config_and_choices, start_loggers
+    from lab.engine.async_llm import AsyncLLM
+    from lab.sampling.params import SamplingParams
+
+    cfg, choices = serve_config_and_choices(["model=tiny_llama", "attention=torch",
+                                             "num_gpu_blocks=32", "logger=[jsonl]"])
+    loggers = start_loggers(cfg, choices, tmp_path)
+    a = AsyncLLM.from_config(cfg, loggers)
+
+    async def main():
+        sp = SamplingParams(max_tokens=5, ignore_eos=True)
+        return [o for p in ("Hi", "Yo") for o in [x async for x in a.generate(p, sp)]]
+
+    try:
+        asyncio.run(main())
+    finally:
+        a.shutdown()
+        close_loggers(loggers, a.engine, 1.0)
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert sum(s["num_generated_tokens"] for s in steps) == 10
+    assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == 2
+    assert "choices:" in (tmp_path / "config.yaml").read_text()
