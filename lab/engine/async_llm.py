@@ -41,7 +41,7 @@ from lab.engine.llm_engine import LLMEngine
 from lab.engine.outputs import RequestOutput
 from lab.engine.protocol import CoreStatus
 from lab.metrics.base import StatLogger
-from lab.sampling.params import SamplingParams, as_sampling_params
+from lab.sampling.params import RequestOutputKind, SamplingParams, as_sampling_params
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,19 @@ class _Stream:
 
 
 class RequestStream:
-    """The outputs of one request, as an async iterator; closing it early aborts the request."""
+    """The outputs of one request, as an async iterator; closing it early aborts the request.
 
-    def __init__(self, owner: AsyncLLM, request_id: str, stream: _Stream) -> None:
+    A consumer that falls behind gets what queued up as one output, as vLLM's
+    RequestOutputCollector gives it: DELTA outputs merged (`RequestOutput.add_delta`),
+    CUMULATIVE ones replaced by the newest; so a loaded server writes fewer, larger chunks
+    instead of falling further behind."""
+
+    def __init__(self, owner: AsyncLLM, request_id: str, stream: _Stream,
+                 kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> None:
         self.owner, self.request_id, self._stream = owner, request_id, stream
+        self.kind = kind
         self.finished = False
+        self._held: BaseException | None = None  # an error taken while merging: next
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._iterate()
@@ -70,16 +78,32 @@ class RequestStream:
     async def _iterate(self) -> AsyncIterator[RequestOutput]:
         try:
             while not self.finished:
-                item = await self._stream.queue.get()
+                item = self._next_ready() or await self._stream.queue.get()
                 if isinstance(item, BaseException):
                     self.finished = True
                     raise item
+                item = self._catch_up(item)
                 if item.finished:
                     self.finished = True
                 yield item
         finally:
             if not self.finished:  # the consumer stopped early: the request goes
                 self.owner.abort(self.request_id)
+
+    def _next_ready(self):
+        held, self._held = self._held, None
+        return held
+
+    def _catch_up(self, item: RequestOutput) -> RequestOutput:
+        """Fold the outputs already queued behind `item` into it (see the class docstring)."""
+        queue = self._stream.queue
+        while not item.finished and not queue.empty():
+            nxt = queue.get_nowait()
+            if isinstance(nxt, BaseException):
+                self._held = nxt
+                break
+            item = item.add_delta(nxt) if self.kind == RequestOutputKind.DELTA else nxt
+        return item
 
     def abort(self) -> None:
         if not self.finished:
@@ -147,7 +171,7 @@ class AsyncLLM:
             self._streams[rid] = stream
             return rid
 
-        return RequestStream(self, await self._driver.run(add), stream)
+        return RequestStream(self, await self._driver.run(add), stream, params.output_kind)
 
     async def generate(self, prompt: str | list[int], params: SamplingParams | dict | None = None,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lab.metrics.stats import RequestStats
 
@@ -46,3 +46,32 @@ class RequestOutput:
     metrics: RequestStats | None = None
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int | None = None
+
+    def add_delta(self, delta: RequestOutput) -> RequestOutput:
+        """Append a later DELTA output of the same request (per completion index: text, token
+        ids, logprobs; the latest finish / stop reason, cumulative logprob, metrics); returns
+        self. Used to accumulate a stream, and to merge deltas a slow consumer has not taken
+        yet into one (vLLM's RequestOutputCollector)."""
+        by_index = {c.index: c for c in self.outputs}
+        for c in delta.outputs:
+            a = by_index.get(c.index)
+            if a is None:
+                by_index[c.index] = replace(
+                    c, token_ids=list(c.token_ids),
+                    logprobs=None if c.logprobs is None else list(c.logprobs))
+                continue
+            a.text += c.text
+            a.token_ids = list(a.token_ids) + list(c.token_ids)
+            if c.logprobs is not None:
+                a.logprobs = (a.logprobs or []) + list(c.logprobs)
+            a.finish_reason, a.stop_reason = c.finish_reason, c.stop_reason
+            if c.cumulative_logprob is not None:
+                a.cumulative_logprob = c.cumulative_logprob
+        self.outputs = [by_index[i] for i in sorted(by_index)]
+        if delta.prompt_logprobs:
+            self.prompt_logprobs = (self.prompt_logprobs or []) + list(delta.prompt_logprobs)
+        self.finished = delta.finished
+        self.metrics = delta.metrics if delta.metrics is not None else self.metrics
+        if delta.num_cached_tokens is not None:
+            self.num_cached_tokens = delta.num_cached_tokens
+        return self

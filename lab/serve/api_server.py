@@ -168,7 +168,7 @@ def build_app(async_llm: AsyncLLM, model_name: str = "lab") -> FastAPI:
         final = None
         try:
             async for out in stream:  # DELTA outputs: accumulate them
-                final = out if final is None else _merge(final, out)
+                final = out if final is None else final.add_delta(out)
         except EngineDeadError as e:  # the engine is gone: the server is unhealthy
             return error_response(str(e), None, 503, "ServiceUnavailableError")
         except Exception as e:  # a failed step (not the client's fault)
@@ -244,27 +244,6 @@ def build_app(async_llm: AsyncLLM, model_name: str = "lab") -> FastAPI:
         yield "data: [DONE]\n\n"
 
     return app
-
-
-def _merge(acc: RequestOutput, delta: RequestOutput) -> RequestOutput:
-    """Add a DELTA output to the accumulated one (per completion index)."""
-    by_index = {c.index: c for c in acc.outputs}
-    for c in delta.outputs:
-        a = by_index.get(c.index)
-        if a is None:
-            by_index[c.index] = replace(c, token_ids=list(c.token_ids),
-                                        logprobs=None if c.logprobs is None else list(c.logprobs))
-            continue
-        a.text += c.text
-        a.token_ids = list(a.token_ids) + list(c.token_ids)
-        if c.logprobs is not None:
-            a.logprobs = (a.logprobs or []) + list(c.logprobs)
-        a.finish_reason, a.stop_reason = c.finish_reason, c.stop_reason
-        if c.cumulative_logprob is not None:
-            a.cumulative_logprob = c.cumulative_logprob
-    acc.outputs = [by_index[i] for i in sorted(by_index)]
-    acc.finished = delta.finished
-    return acc
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -127,3 +127,20 @@ def test_shutdown_ends_every_stream(llm):
     asyncio.run(main())
     assert not a.is_healthy
     assert llm.engine.scheduler.kv.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE])
+def test_a_consumer_that_falls_behind_gets_one_merged_output(llm, async_llm, kind):
+    """Outputs queued behind a slow consumer come as one (vLLM's RequestOutputCollector):
+    DELTA ones merged, CUMULATIVE ones replaced by the newest; nothing is lost."""
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, output_kind=kind)
+    ref = llm.generate("Once upon", sp)[0].outputs[0]
+
+    async def main():
+        stream = await async_llm.add_request("Once upon", sp)
+        await _settle(async_llm)  # the request finished while nobody read its stream
+        return [o async for o in stream]
+
+    (out,) = asyncio.run(main())
+    assert out.finished
+    assert (out.outputs[0].text, out.outputs[0].token_ids) == (ref.text, ref.token_ids)
