@@ -111,7 +111,22 @@ class Processor:
                 self._check_vocab(word, "bad_words_token_ids")
         for cls in self.processor_classes:
             cls.validate_params(params)
-        return params
+        return self._bound(params)
+
+    def _bound(self, params: SamplingParams) -> SamplingParams:
+        """Cap the counts that may be larger than anything the model can use — top_k beyond
+        the vocabulary, max_tokens / min_tokens beyond max_model_len — which changes no output
+        and keeps every request within 64-bit integers, so it can cross to an engine-core
+        process (msgpack) and into the step's int64 tensors (top_k=10**30 made a 500 there)."""
+        caps = {"top_k": self.vocab_size, "max_tokens": self.max_model_len,
+                "min_tokens": self.max_model_len}
+        over = {k: cap for k, cap in caps.items()
+                if getattr(params, k) is not None and getattr(params, k) > cap}
+        if not over:
+            return params
+        if "min_tokens" in over and "max_tokens" not in over and params.max_tokens is not None:
+            over["min_tokens"] = min(over["min_tokens"], params.max_tokens)
+        return replace(params, **over)
 
     def _check_logprobs(self, k: int | None, name: str, kind: str) -> None:
         if k is None or self.max_logprobs == -1:

@@ -7,6 +7,8 @@ import torch
 from lab.logits_processors._rows import RowStateLogitsProcessor
 from lab.logits_processors.base import AddedRequest
 
+_F32_MAX = torch.finfo(torch.float32).max  # the largest repetition penalty a row holds
+
 
 class PenaltiesLogitsProcessor(RowStateLogitsProcessor):
     """vLLM's order, per row: repetition penalty r on tokens in prompt ∪ output (a logit > 0 is
@@ -42,7 +44,9 @@ class PenaltiesLogitsProcessor(RowStateLogitsProcessor):
     def _set_row(self, added: AddedRequest) -> None:
         """The row's penalties, prompt tokens and the counts of the output it has so far."""
         row, p = added.index, added.params
-        self.repetition[row] = p.repetition_penalty
+        # any finite r > 0 is valid; beyond float32 it would not store (and r = inf makes
+        # 0 * r NaN): the float32 maximum divides and multiplies the same
+        self.repetition[row] = min(p.repetition_penalty, _F32_MAX)
         self.frequency[row] = p.frequency_penalty
         self.presence[row] = p.presence_penalty
         self.in_prompt[row] = False

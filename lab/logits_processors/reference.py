@@ -65,7 +65,7 @@ def penalties(row: torch.Tensor, params: SamplingParams, prompt: Sequence[int] |
     frequency (output count), then presence (in the output), token by token."""
     row = row.clone()
     f32 = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
-    r = f32(params.repetition_penalty)
+    r = f32(min(params.repetition_penalty, torch.finfo(torch.float32).max))  # as the row holds
     freq, pres = f32(params.frequency_penalty), f32(params.presence_penalty)
     counts = Counter(output)
     for token in set(prompt or ()) | set(counts):

@@ -13,6 +13,8 @@ import torch
 
 from lab.sampling.params import SamplingParams
 
+_INT64_MAX = 2**63 - 1  # the most a top_k row holds (SamplingParams bounds top_k below only)
+
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A per-request RNG on `device`, seeded with `seed` (vLLM keeps one per seeded request)."""
@@ -71,7 +73,8 @@ class SamplingMetadata:
             )
         greedy = [p.is_greedy for p in params]
         temps = [1.0 if g else float(p.temperature) for p, g in zip(params, greedy)]
-        top_ks = [max(int(p.top_k), 0) for p in params]  # -1 and 0 both mean off
+        # -1 and 0 both mean off; apply_top_k clamps k to the vocabulary, int64 must hold it
+        top_ks = [min(max(int(p.top_k), 0), _INT64_MAX) for p in params]
         top_ps = [float(p.top_p) for p in params]
         asked = [p.logprobs for p in params if p.logprobs is not None]
         min_ps = [float(p.min_p) for p in params]

@@ -17,11 +17,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from http import HTTPStatus
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from lab.engine.async_llm import AsyncLLM
 from lab.engine.core import EngineDeadError
@@ -38,9 +40,9 @@ class BadRequest(ValueError):
 
 
 def error_response(message: str, param: str | None = None, status: int = 400,
-                   kind: str = "BadRequestError") -> JSONResponse:
+                   kind: str = "BadRequestError", headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param,
-                                   "code": status}}, status_code=status)
+                                   "code": status}}, status_code=status, headers=headers)
 
 
 _PARAM_PATTERNS = (re.compile(r"\(SamplingParams\.(\w+)\)"), re.compile(r"^(\w+)=",),
@@ -57,6 +59,16 @@ def param_of(message: str) -> str | None:
         if re.search(rf"\b{name}\b", message):
             return name
     return None
+
+
+def check_text(text: str, param: str, where: str | None = None) -> None:
+    """A BadRequest naming `param` if `text` is no Unicode text: JSON's "\\ud800" escapes give
+    lone surrogates, which the tokenizer refuses (a TypeError, not the client's 400)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadRequest(f"{where or param} is not valid Unicode text: a lone surrogate "
+                         f"({text[e.start]!r}) at position {e.start}", param) from None
 
 
 def lab_version() -> str:
@@ -87,6 +99,18 @@ def build_app(async_llm: AsyncLLM, model_name: str = "lab") -> FastAPI:
         param = loc[0] if loc else None
         where = ".".join(loc) or "body"
         return error_response(f"{where}: {first.get('msg', 'invalid')}", param)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        """Starlette's own errors (404, 405, and FastAPI's 400 for a body json.loads refuses
+        with no JSONDecodeError: bytes that are no UTF-8, deep nesting, a 5000-digit number)
+        in OpenAI's format rather than {"detail": ...}."""
+        kind = HTTPStatus(exc.status_code).phrase.replace(" ", "").replace("-", "")
+        kind += "" if kind.endswith("Error") else "Error"
+        message, param = str(exc.detail), None
+        if exc.status_code == 400 and exc.__cause__ is not None:  # the body did not parse
+            message, param = f"malformed JSON body: {exc.__cause__}", "body"
+        return error_response(message, param, exc.status_code, kind, exc.headers)
 
     @app.exception_handler(BadRequest)
     async def _bad(_: Request, exc: BadRequest) -> JSONResponse:
@@ -124,6 +148,8 @@ def build_app(async_llm: AsyncLLM, model_name: str = "lab") -> FastAPI:
                 raise BadRequest("prompt: lab serves one prompt per request (a string or a "
                                  "list of token ids)", "prompt")
             prompt = prompt[0]
+        if isinstance(prompt, str):
+            check_text(prompt, "prompt")
         if body.echo:
             raise BadRequest("echo is not supported", "echo")
         if body.suffix is not None:
@@ -135,6 +161,9 @@ def build_app(async_llm: AsyncLLM, model_name: str = "lab") -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
+        for i, m in enumerate(body.messages):
+            check_text(m.content, "messages", f"messages[{i}].content")
+            check_text(m.name or "", "messages", f"messages[{i}].name")
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         try:
             ids = await async_llm.apply_chat_template(messages)
@@ -142,10 +171,17 @@ def build_app(async_llm: AsyncLLM, model_name: str = "lab") -> FastAPI:
             raise BadRequest(str(e), "messages") from None
         if body.top_logprobs is not None and not body.logprobs:
             raise BadRequest("top_logprobs needs logprobs=true", "top_logprobs")
+        most = async_llm.engine.processor.max_logprobs  # -1: no limit
+        if body.top_logprobs is not None and (body.top_logprobs < 0 or most != -1
+                                              and body.top_logprobs > most):
+            allowed = f"in [0, {most}]" if most != -1 else "at least 0"
+            raise BadRequest(f"top_logprobs must be an integer {allowed}, got "
+                             f"{body.top_logprobs}", "top_logprobs")
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None \
-            else body.max_tokens
-        params = sampling_params(body, max_tokens, len(ids), async_llm.max_model_len, logprobs)
+        name = "max_completion_tokens" if body.max_completion_tokens is not None \
+            else "max_tokens"
+        params = sampling_params(body, getattr(body, name), len(ids), async_llm.max_model_len,
+                                 logprobs, name)
         return await _serve(raw, ids, params, body, chat=True)
 
     async def _tokenize(text: str) -> list[int]:
@@ -256,13 +292,16 @@ def _finish(reason: str | None) -> str | None:
 
 
 def sampling_params(body: _Sampling, max_tokens: int | None, prompt_len: int, max_model_len: int,
-                    logprobs: int | None) -> SamplingParams:
-    """The request's SamplingParams (DELTA outputs); a bad value is a BadRequest naming it."""
+                    logprobs: int | None, name: str = "max_tokens") -> SamplingParams:
+    """The request's SamplingParams (DELTA outputs); a bad value is a BadRequest naming it.
+    `name` is the field max_tokens came from (chat's max_completion_tokens or max_tokens)."""
     room = max_model_len - prompt_len
+    if max_tokens is not None and max_tokens < 1:
+        raise BadRequest(f"{name} must be at least 1, got {max_tokens}", name)
     if max_tokens is not None and max_tokens > room:
-        raise BadRequest(f"max_tokens={max_tokens} is too large: the prompt has {prompt_len} "
+        raise BadRequest(f"{name}={max_tokens} is too large: the prompt has {prompt_len} "
                          f"tokens and max_model_len={max_model_len} leaves room for {max(room, 0)}",
-                         "max_tokens")
+                         name)
     if max_tokens is None:
         max_tokens = max(room, 1)
     fields = {"n": body.n, "stop": body.stop or (), "stop_token_ids": body.stop_token_ids or (),

@@ -118,3 +118,15 @@ def test_status_utility_reports_requests_and_blocks(mp, inproc):
     assert engine.core_status().num_used_blocks == 0
     with pytest.raises(ValueError, match="status"):
         engine.core.call_utility("shutdown")
+
+
+def test_counts_beyond_64_bits_cross_to_the_core(mp, inproc):
+    """top_k / max_tokens / min_tokens past what the model can use are capped where a request
+    enters (no output changes), so msgpack can carry them to the core process (before: an
+    OverflowError while sending, after the frontend had registered the request)."""
+    sp = SamplingParams(temperature=0.5, seed=1, top_k=10**30, max_tokens=10**30,
+                        min_tokens=10**25, ignore_eos=True)
+    out = mp.generate(["Hello"], sp)
+    assert _same(out, inproc.generate(["Hello"], sp))
+    assert out[0].outputs[0].finish_reason == "length"
+    assert mp.engine.core_status().num_requests == 0

@@ -174,6 +174,15 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
     assert got == [2.0, -8.0, 0.5, 3.0]
 
 
+def test_repetition_penalty_beyond_float32_acts_as_its_maximum():
+    """Any finite penalty > 0 is valid; 1e300 did not fit the float32 row (RuntimeError in the
+    step: a server's 500). It now acts as float32's maximum: positive logits go to ~0, negative
+    ones to -inf, a 0 stays 0 (an infinite penalty would make it NaN)."""
+    params = SamplingParams(repetition_penalty=1e300)
+    got = one_row("penalties", params, [0, 1, 2], [], [4.0, -4.0, 0.0, 3.0])
+    assert got[0] == pytest.approx(0.0) and got[1] == float("-inf") and got[2:] == [0.0, 3.0]
+
+
 def test_presence_and_frequency_count_only_the_output():
     """Token 0 is only in the prompt: untouched; token 1 was generated twice."""
     params = SamplingParams(presence_penalty=1.0, frequency_penalty=0.5)

@@ -36,6 +36,14 @@ def test_mixed_batch_tensors() -> None:
     assert meta.seeded_rows == [(2, gens[2])] and meta.batch_size == 3
 
 
+def test_top_k_beyond_int64_is_clamped() -> None:
+    """Any top_k >= 1 is valid (apply_top_k clamps it to the vocabulary); 2**63 did not fit the
+    int64 tensor (ValueError in the step: a server's 500)."""
+    meta = SamplingMetadata.from_params([SamplingParams(top_k=2**63), SamplingParams(top_k=10**30),
+                                         SamplingParams(top_k=7)])
+    assert meta.top_k.tolist() == [2**63 - 1, 2**63 - 1, 7]
+
+
 def test_all_random_and_default_generators() -> None:
     meta = SamplingMetadata.from_params([SamplingParams(), SamplingParams(top_k=4)], None)
     assert meta.all_random and not meta.all_greedy and not meta.no_top_k

@@ -1,60 +1,20 @@
 """The OpenAI-compatible server on tiny_llama, served by a real uvicorn in a thread: greedy
 outputs equal LLM.generate / LLM.chat, streaming, usage, 400s for bad input, aborts on
-disconnect, /health, /v1/models, /metrics."""
+disconnect, /health, /v1/models, /metrics. The fixtures (llm, server, client) are in conftest.py."""
 
 import json
-import socket
-import threading
-import time
 
-import httpx
 import pytest
 
-from lab.engine.async_llm import AsyncLLM
-from lab.engine.llm import LLM
 from lab.sampling.params import SamplingParams
-from lab.serve.api_server import build_app
 from tests.serve.uvicorn_thread import wait_idle
 
-KW = dict(attention="torch", num_gpu_blocks=64, block_size=4, max_model_len=128)
 PROMPT = "The quick brown fox"
 CHAT = [{"role": "user", "content": "Hello there"}]
 
 
-@pytest.fixture(scope="module")
-def llm():
-    return LLM("tiny_llama", **KW)
-
-
-@pytest.fixture(scope="module")
-def server(llm):
-    uvicorn = pytest.importorskip("uvicorn")
-    async_llm = AsyncLLM(llm.engine)  # the same engine: outputs comparable token for token
-    app = build_app(async_llm, "tiny_llama")
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", async_llm
-    srv.should_exit = True
-    thread.join(10)
-    async_llm.shutdown()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server[0], timeout=30) as c:
-        yield c
-
-
 def _reference(llm, max_tokens=12):
-    # the server owns the engine thread now: run the reference before starting it
+    # inproc: the server steps this LLM's engine from its thread; run the reference first
     sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     return llm.generate(PROMPT, sp)[0].outputs[0], llm.chat(CHAT, sp)[0].outputs[0]
 

@@ -1,0 +1,42 @@
+"""The OpenAI-compatible server on tiny_llama, served by a real uvicorn in a thread, once per
+engine client: `inproc` (AsyncLLM steps the reference LLM's own engine in a thread) and
+`async_mp` (lab serve's default: the core in its own process). Module-scoped, shared by
+test_api_server.py and test_fuzz_bodies.py: every test there runs over both clients."""
+
+import httpx
+import pytest
+
+from lab.engine.async_llm import AsyncLLM
+from lab.engine.config import compose_config
+from lab.engine.llm import LLM
+from lab.serve.api_server import build_app
+from tests.serve.uvicorn_thread import serving
+
+KW = dict(attention="torch", num_gpu_blocks=64, block_size=4, max_model_len=128)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("tiny_llama", **KW)
+
+
+@pytest.fixture(scope="module", params=["inproc", "async_mp"])
+def server(request, llm):
+    """(base url, AsyncLLM) of a uvicorn serving tiny_llama; shut down after the module."""
+    if request.param == "inproc":
+        async_llm = AsyncLLM(llm.engine)  # the reference's own engine
+    else:
+        async_llm = AsyncLLM.from_config(compose_config(
+            ["model=tiny_llama", "logger=[]", "engine_client=async_mp",
+             *(f"{k}={v}" for k, v in KW.items())]))
+    try:
+        with serving(build_app(async_llm, "tiny_llama")) as url:
+            yield url, async_llm
+    finally:
+        async_llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server[0], timeout=30) as c:
+        yield c
