@@ -2,6 +2,7 @@
 outputs equal LLM.generate / LLM.chat, streaming, usage, 400s for bad input, aborts on
 disconnect, /health, /v1/models, /metrics. The fixtures (llm, server, client) are in conftest.py."""
 
+import asyncio
 import json
 
 import pytest
@@ -50,6 +51,30 @@ def test_chat_matches_llm_via_openai_client(reference, server):
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == ref.text
     assert chunks[-1].usage.completion_tokens == 12
+
+
+def test_completions_via_the_async_openai_client(reference, server):
+    """The official async client, streaming and not: greedy text equals LLM.generate's, the
+    streamed deltas concatenate to it, usage counts right."""
+    openai = pytest.importorskip("openai")
+    ref, _ = reference
+
+    async def main():
+        c = openai.AsyncOpenAI(base_url=server[0] + "/v1", api_key="x")
+        kw = dict(model="tiny_llama", prompt=PROMPT, max_tokens=12, temperature=0,
+                  extra_body={"ignore_eos": True})
+        full = await c.completions.create(**kw)
+        stream = await c.completions.create(**kw, stream=True,
+                                            stream_options={"include_usage": True})
+        chunks = [ch async for ch in stream]
+        await c.close()
+        return full, chunks
+
+    full, chunks = asyncio.run(main())
+    assert full.choices[0].text == ref.text and full.usage.completion_tokens == 12
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == ref.text
+    assert chunks[-1].usage.completion_tokens == 12
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
 
 
 def test_completion_stream(reference, server, client):
