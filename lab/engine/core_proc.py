@@ -12,12 +12,16 @@ raises fails its requests (EngineCore's rules) and the failure travels as an
 EngineCoreOutputs with `error` set; the loop serves on. A UTILITY frame runs one of
 `EngineCore.UTILITIES` between steps (e.g. "status": requests and KV blocks in use) and sends
 its result as an EngineCoreOutputs with `utility` set. The process ignores SIGINT (Ctrl-C is
-the frontend's to handle: it aborts its requests) and stops on SHUTDOWN or when the frontend
-closes; if it dies, the frontend notices (MPClient) and fails its callers.
+the frontend's to handle: it aborts its requests), stops on SHUTDOWN, and exits at once when the
+frontend's process is gone however it ended (watch_parent); if the core dies, the frontend
+notices (MPClient) and fails its callers.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.connection
+import os
 import queue
 import signal
 import threading
@@ -63,7 +67,22 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready) -> None
         return
     ready.send(("ready", info))
     ready.close()
+    watch_parent()
     EngineCoreProc(core, input_addr, output_addr).run()
+
+
+def watch_parent() -> None:
+    """End this process as soon as the frontend that spawned it is gone (killed, crashed, or
+    stopped without shutting the engine down): a core nobody can reach must not linger."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(0)  # nothing to flush: the only reader of our outputs is gone
+
+    threading.Thread(target=watch, name="lab-parent-watch", daemon=True).start()
 
 
 class EngineCoreProc:

@@ -130,3 +130,49 @@ def test_counts_beyond_64_bits_cross_to_the_core(mp, inproc):
     assert _same(out, inproc.generate(["Hello"], sp))
     assert out[0].outputs[0].finish_reason == "length"
     assert mp.engine.core_status().num_requests == 0
+
+
+FRONTEND = """
+import time
+from lab import LLM
+if __name__ == "__main__":
+    llm = LLM("tiny_llama", engine_client="mp", attention="torch", num_gpu_blocks=16,
+              block_size=4, max_model_len=32)
+    print(llm.engine.core.proc.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_killed_frontend_leaves_no_core_process(tmp_path):
+    """SIGKILL the frontend (no atexit, no shutdown): its core process ends within seconds
+    instead of waiting forever on a socket nobody writes (before: orphans, parent pid 1)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "frontend.py"
+    script.write_text(FRONTEND)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    front = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                             env=env)
+    try:
+        core_pid = int(front.stdout.readline())
+        os.kill(front.pid, signal.SIGKILL)
+        front.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _alive(core_pid):
+            time.sleep(0.05)
+        assert not _alive(core_pid)
+    finally:
+        front.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not: it only waits for its parent to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
