@@ -65,7 +65,7 @@ def run_lab_settings(path: Path, prompts, args) -> dict[str, tuple[float, list[l
     llm = LLM(str(path), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens,
               cpu_kv_cache_gb=1.0,  # a CPU cache every request fits in: speed, not preemption
-              engine_client=args.engine_client)
+              engine_client=args.engine_client, cpu_threads=args.cpu_threads)
     out: dict[str, tuple[float, list[list[int]]]] = {}
     for _ in range(args.repeat):
         for setting in settings_of(args.sampling):
@@ -150,6 +150,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "penalties_logprobs, and the slowdown of each engine)")
     p.add_argument("--engine-client", default="inproc", choices=["inproc", "mp"],
                    help="lab's engine core in this thread or in its own process")
+    p.add_argument("--cpu-threads", type=int, default=None,
+                   help="torch threads of lab's engine core (default: the cpu_threads knob's "
+                        "null: torch's default in-process, cores - 1 in a core process)")
     p.add_argument("--repeat", type=int, default=1,
                    help="time each setting N times, taking turns, and keep each one's fastest")
     return p.parse_args(argv)
