@@ -58,7 +58,9 @@ class _Stream:
 
 
 class RequestStream:
-    """The outputs of one request, as an async iterator; closing it early aborts the request."""
+    """The outputs of one request, as an async iterator; closing it early aborts the request
+    (its own: once that request ended, e.g. by `AsyncLLM.abort`, a newer request may hold the
+    id, and the stream leaves it alone)."""
 
     def __init__(self, owner: AsyncLLM, request_id: str, stream: _Stream) -> None:
         self.owner, self.request_id, self._stream = owner, request_id, stream
@@ -79,12 +81,12 @@ class RequestStream:
                 yield item
         finally:
             if not self.finished:  # the consumer stopped early: the request goes
-                self.owner.abort(self.request_id)
+                self.owner._driver.abort(self.request_id, self._stream)
 
     def abort(self) -> None:
         if not self.finished:
             self.finished = True
-            self.owner.abort(self.request_id)
+            self.owner._driver.abort(self.request_id, self._stream)
 
 
 class AsyncLLM:
@@ -191,9 +193,18 @@ class AsyncLLM:
             raise EngineDeadError(f"the engine is not running: {self._dead or 'shut down'}") \
                 from self._dead
 
-    def _abort_now(self, ids: list[str]) -> None:
-        """End these requests (on the driver's side); their final outputs go nowhere."""
-        live = [i for i in ids if self._streams.pop(i, None) is not None]
+    def _abort_now(self, aborts: list[tuple[str, _Stream | None]]) -> None:
+        """End these requests (on the driver's side); their final outputs go nowhere. Each is
+        (request id, the stream that aborts it, or None for AsyncLLM.abort): a stream aborts
+        only while it is still its id's. A request aborted by id leaves its consumer waiting;
+        the id is free once the core let go of it, and when that consumer stops later its
+        stream must not abort the newer request that took the id."""
+        live = []
+        for rid, stream in aborts:
+            mine = self._streams.get(rid)
+            if mine is not None and (stream is None or mine is stream):
+                del self._streams[rid]
+                live.append(rid)
         if not live or self._dead is not None:
             return
         try:
@@ -238,7 +249,9 @@ class _Driver:
     async def run(self, fn: Callable[[], Any]) -> Any:
         raise NotImplementedError
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, stream: _Stream | None = None) -> None:
+        """AsyncLLM._abort_now([(request_id, stream)]) on the driver's side, from any
+        thread."""
         raise NotImplementedError
 
     async def core_status(self) -> CoreStatus:
@@ -266,7 +279,8 @@ class _ThreadDriver(_Driver):
         super().__init__(owner)
         self.lock = threading.Lock()
         self._wake = threading.Event()
-        self._aborts: list[str] = []  # guarded by _abort_lock; run on the engine thread
+        # (request id, stream or None) to abort: guarded by _abort_lock; run on the engine thread
+        self._aborts: list[tuple[str, _Stream | None]] = []
         self._abort_lock = threading.Lock()
         self._stopping = False
         self._step_error: BaseException | None = None  # the last step's failure
@@ -282,9 +296,9 @@ class _ThreadDriver(_Driver):
         with self.lock:
             return fn()
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, stream: _Stream | None = None) -> None:
         with self._abort_lock:
-            self._aborts.append(request_id)
+            self._aborts.append((request_id, stream))
         self._wake.set()
 
     async def core_status(self) -> CoreStatus:
@@ -303,10 +317,10 @@ class _ThreadDriver(_Driver):
             while not self._stopping:
                 self._wake.clear()
                 with self._abort_lock:
-                    ids, self._aborts = self._aborts, []
+                    aborts, self._aborts = self._aborts, []
                 with self.lock:
-                    if ids:
-                        self.owner._abort_now(ids)
+                    if aborts:
+                        self.owner._abort_now(aborts)
                     busy = self.engine.has_unfinished_requests()
                 if not busy:
                     self._wake.wait()
@@ -356,7 +370,7 @@ class _LoopDriver(_Driver):
         self._ensure_started()
         return fn()
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, stream: _Stream | None = None) -> None:
         if self.loop is None or self.loop.is_closed():
             return
         try:
@@ -364,9 +378,9 @@ class _LoopDriver(_Driver):
         except RuntimeError:
             on_loop = False
         if on_loop:
-            self.owner._abort_now([request_id])
+            self.owner._abort_now([(request_id, stream)])
         else:
-            self.loop.call_soon_threadsafe(self.owner._abort_now, [request_id])
+            self.loop.call_soon_threadsafe(self.owner._abort_now, [(request_id, stream)])
 
     async def core_status(self) -> CoreStatus:
         self._ensure_started()
