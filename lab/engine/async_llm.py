@@ -58,7 +58,9 @@ class _Stream:
 
 
 class RequestStream:
-    """The outputs of one request, as an async iterator; closing it early aborts the request.
+    """The outputs of one request, as an async iterator; closing it early aborts the request
+    (its own: once that request ended, e.g. by `AsyncLLM.abort`, a newer request may hold the
+    id, and the stream leaves it alone).
 
     A consumer that falls behind gets what queued up as one output, as vLLM's
     RequestOutputCollector gives it: DELTA outputs merged (`RequestOutput.add_delta`),
@@ -88,7 +90,7 @@ class RequestStream:
                 yield item
         finally:
             if not self.finished:  # the consumer stopped early: the request goes
-                self.owner.abort(self.request_id)
+                self.owner._driver.abort(self.request_id, self._stream)
 
     def _next_ready(self):
         held, self._held = self._held, None
@@ -108,7 +110,7 @@ class RequestStream:
     def abort(self) -> None:
         if not self.finished:
             self.finished = True
-            self.owner.abort(self.request_id)
+            self.owner._driver.abort(self.request_id, self._stream)
 
 
 class AsyncLLM:
@@ -183,7 +185,8 @@ class AsyncLLM:
 
     def abort(self, request_id: str) -> None:
         """Abort a request (from any thread): the driver's side ends it in the core, which frees
-        its blocks before the next step. Its consumer gets nothing more."""
+        its blocks before the next step; its consumer gets a final output, finish reason
+        `abort`."""
         self._driver.abort(request_id)
 
     async def tokenize(self, text: str) -> list[int]:
@@ -215,17 +218,30 @@ class AsyncLLM:
             raise EngineDeadError(f"the engine is not running: {self._dead or 'shut down'}") \
                 from self._dead
 
-    def _abort_now(self, ids: list[str]) -> None:
-        """End these requests (on the driver's side); their final outputs go nowhere."""
-        live = [i for i in ids if self._streams.pop(i, None) is not None]
-        if not live or self._dead is not None:
+    def _abort_now(self, aborts: list[tuple[str, _Stream | None]]) -> None:
+        """End these requests (on the driver's side). Each is (request id, the stream that
+        aborts it, or None for AsyncLLM.abort). A stream that stops aborts only while it is
+        still its id's (once its request ended, a newer one may hold the id) and hears nothing
+        more. A request aborted by id gets its final output (finish reason `abort`) at once,
+        as in vLLM, and nothing after it."""
+        by_stream, by_id = [], []
+        for rid, stream in aborts:
+            mine = self._streams.get(rid)
+            if mine is None or (stream is not None and mine is not stream):
+                continue
+            if stream is None:
+                by_id.append(rid)
+            else:
+                del self._streams[rid]
+                by_stream.append(rid)
+        if not (by_stream or by_id) or self._dead is not None:
             return
         try:
-            self.engine.abort_request(live)
+            self.engine.abort_request(by_stream + by_id)
         except EngineDeadError:  # the driver notices and fails every stream
             return
-        self.engine.take_outputs(set(live))
-
+        self.engine.take_outputs(set(by_stream))  # nobody listens
+        self._dispatch(self.engine.take_outputs(set(by_id)), None)
     def _dispatch(self, outputs: list[RequestOutput], error: BaseException | None) -> None:
         """Hand each output to its request's stream; a request failed by a step gets
         EngineStepError (caused by `error`)."""
@@ -262,7 +278,9 @@ class _Driver:
     async def run(self, fn: Callable[[], Any]) -> Any:
         raise NotImplementedError
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, stream: _Stream | None = None) -> None:
+        """AsyncLLM._abort_now([(request_id, stream)]) on the driver's side, from any
+        thread."""
         raise NotImplementedError
 
     async def core_status(self) -> CoreStatus:
@@ -290,7 +308,8 @@ class _ThreadDriver(_Driver):
         super().__init__(owner)
         self.lock = threading.Lock()
         self._wake = threading.Event()
-        self._aborts: list[str] = []  # guarded by _abort_lock; run on the engine thread
+        # (request id, stream or None) to abort: guarded by _abort_lock; run on the engine thread
+        self._aborts: list[tuple[str, _Stream | None]] = []
         self._abort_lock = threading.Lock()
         self._stopping = False
         self._step_error: BaseException | None = None  # the last step's failure
@@ -306,9 +325,9 @@ class _ThreadDriver(_Driver):
         with self.lock:
             return fn()
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, stream: _Stream | None = None) -> None:
         with self._abort_lock:
-            self._aborts.append(request_id)
+            self._aborts.append((request_id, stream))
         self._wake.set()
 
     async def core_status(self) -> CoreStatus:
@@ -327,10 +346,10 @@ class _ThreadDriver(_Driver):
             while not self._stopping:
                 self._wake.clear()
                 with self._abort_lock:
-                    ids, self._aborts = self._aborts, []
+                    aborts, self._aborts = self._aborts, []
                 with self.lock:
-                    if ids:
-                        self.owner._abort_now(ids)
+                    if aborts:
+                        self.owner._abort_now(aborts)
                     busy = self.engine.has_unfinished_requests()
                 if not busy:
                     self._wake.wait()
@@ -380,7 +399,7 @@ class _LoopDriver(_Driver):
         self._ensure_started()
         return fn()
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, stream: _Stream | None = None) -> None:
         if self.loop is None or self.loop.is_closed():
             return
         try:
@@ -388,9 +407,9 @@ class _LoopDriver(_Driver):
         except RuntimeError:
             on_loop = False
         if on_loop:
-            self.owner._abort_now([request_id])
+            self.owner._abort_now([(request_id, stream)])
         else:
-            self.loop.call_soon_threadsafe(self.owner._abort_now, [request_id])
+            self.loop.call_soon_threadsafe(self.owner._abort_now, [(request_id, stream)])
 
     async def core_status(self) -> CoreStatus:
         self._ensure_started()

@@ -5,8 +5,8 @@ AsyncLLM and `lab serve`).
 MPClient offers what LLMEngine uses of an in-process EngineCore — add_request, abort_requests,
 step, has_unfinished_requests, take_failed, call_utility — over two ZMQ sockets
 (lab/engine/core_proc.py): requests go out as they are added, and `step()` returns the core's
-next EngineCoreOutputs (the core steps on its own while it has requests). Aborts are
-asynchronous: their final outputs come with a later step(). A step that failed in the core
+next EngineCoreOutputs (the core steps on its own while it has requests). An abort returns
+the requests' final outputs at once; the core's own (with their statistics) follow. A step that failed in the core
 raises EngineCoreError here after handing its failed requests to take_failed(), like
 EngineCore.step. If the core process dies, every call raises EngineDeadError naming it (checked
 at least every POLL_S while waiting), never hangs.
@@ -41,7 +41,7 @@ from lab.engine.protocol import (
     UtilityCall,
     UtilityResult,
 )
-from lab.engine.request import RequestStatus
+from lab.engine.request import FINISH_REASONS, RequestStatus
 from lab.engine.serial import MessageCodec
 
 POLL_S = 0.1  # how often a waiting call checks that the core process is alive
@@ -121,14 +121,17 @@ class MPClient:
     def abort_requests(
         self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED,
     ) -> list[EngineCoreOutput]:
-        """Ask the core to finish these requests; their final outputs come with a later
-        step() (returns nothing now)."""
+        """Ask the core to finish these requests and return their final outputs now, as an
+        in-process core does (vLLM's frontend, too, ends an aborted request at once): no token
+        the core computes meanwhile reaches the caller. The core's own final output follows
+        with a later step() and carries the request's statistics; the id stays in use until
+        it came."""
         self._check_alive()
         ids = [r for r in request_ids if r in self._live]
         if ids:
             message = AbortMessage(ids, int(status))
             self.input.send_multipart([ABORT, self.abort_encoder.encode(message)])
-        return []
+        return [EngineCoreOutput(r, [], finish_reason=FINISH_REASONS[status]) for r in ids]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._live)

@@ -238,7 +238,9 @@ class LLMEngine:
         finals = [o for o in core_outputs if o.stats is not None]
         if processed.reqs_to_stop:
             stopped = self.core.abort_requests(processed.reqs_to_stop, RequestStatus.FINISHED_STOPPED)
-            finals += stopped
+            # (a core process answers at once without statistics: its own final output,
+            # with them, comes with a later step and is recorded then)
+            finals += [o for o in stopped if o.stats is not None]
             by_id = {o.request_id: o.stats for o in stopped}
             for out in processed.request_outputs:
                 out.metrics = by_id.get(out.request_id, out.metrics)

@@ -93,6 +93,52 @@ def test_bad_request_raises_before_output(async_llm):
     assert asyncio.run(main()).num_requests == 0
 
 
+@pytest.mark.parametrize("leave", ["cancel", "stream_abort"])
+def test_a_stale_stream_leaves_a_reused_id_alone(llm, async_llm, leave):
+    """Found by tests/serve/test_async_stateful.py: a request aborted by id leaves its consumer
+    waiting; once the core let go of it, a new request may take the id. When the old consumer
+    then stops (cancelled, or its stream's abort()), it aborted the new request by id, whose
+    consumer waited forever. A stream aborts only its own request now."""
+    a = async_llm
+    delta = dict(temperature=0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    new_prompt = [61, 91, 3, 315, 258, 256]
+    ref = llm.generate([new_prompt], SamplingParams(temperature=0, max_tokens=10,
+                                                    ignore_eos=True))[0].outputs[0].token_ids
+
+    async def main():
+        old = await a.add_request([91, 40, 17, 268, 339, 276, 454, 286],
+                                  SamplingParams(max_tokens=9, **delta), "x")
+        old_outs = []
+
+        async def consume_old():
+            async for out in old:
+                old_outs.append(out)
+
+        task = asyncio.create_task(consume_old())
+        while not old_outs:
+            await asyncio.sleep(0.001)
+        a.abort("x")  # the old consumer gets its final output (abort); its stream stays open
+        for _ in range(1000):  # until the core let go of "x"
+            try:
+                new = await a.add_request(new_prompt, SamplingParams(max_tokens=10, **delta), "x")
+                break
+            except ValueError:
+                await asyncio.sleep(0.005)
+        if leave == "cancel":
+            task.cancel()
+        else:
+            old.abort()
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        ids = [t async for out in new for t in out.outputs[0].token_ids]
+        return ids, await _settle(a)
+
+    ids, status = asyncio.run(asyncio.wait_for(main(), 30))  # before the fix: a timeout
+    assert ids == ref
+    assert (status.num_requests, status.num_used_blocks) == (0, 0)
+    assert a.num_unfinished() == 0 and a.is_healthy
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_failed_step_fails_only_its_consumers(client):
     a = AsyncLLM.from_config(_config(
@@ -144,3 +190,25 @@ def test_a_consumer_that_falls_behind_gets_one_merged_output(llm, async_llm, kin
     (out,) = asyncio.run(main())
     assert out.finished
     assert (out.outputs[0].text, out.outputs[0].token_ids) == (ref.text, ref.token_ids)
+
+
+def test_abort_by_id_ends_the_consumer_with_an_abort_output(async_llm):
+    """async_llm.abort(id): the consumer's stream ends with a final output, finish reason
+    abort, and nothing after it (before: over async_mp it waited forever, or got the tokens
+    the core computed until the abort landed)."""
+    a = async_llm
+    sp = SamplingParams(max_tokens=100, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+
+    async def main():
+        outs = []
+        stream = await a.add_request("Hello", sp, "to-abort")
+        async for out in stream:
+            outs.append(out)
+            if len(outs) == 2:
+                a.abort("to-abort")
+        return outs, await _settle(a)
+
+    outs, status = asyncio.run(asyncio.wait_for(main(), 30))
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
+    assert len(outs) <= 3 and not outs[-1].outputs[0].token_ids
+    assert (status.num_requests, status.num_used_blocks) == (0, 0)
