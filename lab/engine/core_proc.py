@@ -19,11 +19,13 @@ notices (MPClient) and fails its callers.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
 import queue
 import signal
+import sys
 import threading
 import traceback
 from dataclasses import dataclass
@@ -54,7 +56,7 @@ class AbortMessage:
 
 def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready) -> None:
     """Process entry: build the core from the composed config, report ready (or the error)
-    through the `ready` pipe, then serve until SHUTDOWN."""
+    through the `ready` pipe, then serve until SHUTDOWN and exit at once."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from lab.engine.llm_engine import build_core, set_cpu_threads
 
@@ -69,6 +71,13 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready) -> None
     ready.close()
     watch_parent()
     EngineCoreProc(core, input_addr, output_addr).run()
+    # Every output is sent (run() closed the sockets and terminated their context). Tearing
+    # down the interpreter (torch's modules, the model) would take ~1 CPU-s, and as long of
+    # the frontend's shutdown(), which waits for this process: skip it.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def watch_parent() -> None:

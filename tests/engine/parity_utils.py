@@ -1,17 +1,28 @@
 """Shared helpers of the engine parity tests: greedy token ids through `LLM` must equal
 transformers' `generate` on the same weights, in four modes: default; chunked prefill with a
 budget smaller than the prompts; prefix caching over shared prefixes (hits > 0); and a KV cache
-small enough that preemption happens (preemptions > 0)."""
+small enough that preemption happens (preemptions > 0).
+
+Each mode runs over both engine clients (the `engine_client` fixture, tests/engine/conftest.py):
+inproc builds one engine per mode with the mode's knobs; mp runs every mode's prompts through
+one core process per model (`mp_parity_runs`), with the knobs of chunked, prefix and preempt
+together (MP_KNOBS), because a core process costs ~6 CPU-s to start (torch import, model load):
+four per model would add ~2 CPU-minutes to the suite. Each mode's check (ids, and its
+statistic, which mp sends back with the outputs) holds on its prompts' part of that run."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from lab import LLM, SamplingParams
+from lab.metrics.stats import StepStats
 from lab.models.tiny import ensure_tiny_model
 
 MAX_TOKENS = 24
+BASE = dict(dtype="float32", device="cpu", block_size=8)
 MODES = {
     "default": dict(),
     "chunked": dict(max_num_batched_tokens=16),
@@ -20,6 +31,14 @@ MODES = {
     "prefix": dict(max_num_seqs=3),
     "preempt": dict(num_gpu_blocks=24, block_size=4, max_model_len=64),
 }
+# engine_client=mp: the knobs of chunked, prefix and preempt at once; max_model_len holds the
+# longest prefix prompt (58 tokens) and its 24 new tokens in 22 of the 23 usable blocks
+MP_KNOBS = MODES["chunked"] | MODES["prefix"] | MODES["preempt"] | dict(max_model_len=88)
+
+
+def prompt_set(mode: str) -> str:
+    """Which prompts a mode runs: "prefix" (shared prefixes) or "default"."""
+    return "prefix" if mode == "prefix" else "default"
 
 
 def parity_prompts(mode: str) -> list[list[int]]:
@@ -48,25 +67,59 @@ def hf_greedy_outputs(model_name: str) -> dict[tuple[int, ...], list[int]]:
     return out
 
 
-def check_greedy_parity(model_name: str, hf_outputs: dict, mode: str, **knobs) -> None:
-    """Run the mode's prompts through LLM (fp32, CPU, block_size 8 + the mode's knobs + `knobs`)
-    and assert the ids equal transformers' and the mode's effect happened."""
-    knobs = dict(dtype="float32", device="cpu", block_size=8) | MODES[mode] | knobs
-    llm = LLM(model_name, **knobs)
-    prompts = parity_prompts("prefix" if mode == "prefix" else "default")
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
-    for p, o in zip(prompts, outs):
-        assert o.prompt_token_ids == p
-        assert o.outputs[0].token_ids == hf_outputs[tuple(p)], f"prompt of {len(p)} tokens"
-    steps = llm.engine.recent_steps
+@dataclass
+class ParityRun:
+    """One prompt set through an engine: each prompt's greedy ids and the steps it took."""
+
+    prompts: list[list[int]]
+    token_ids: list[list[int]]
+    steps: list[StepStats]
+
+
+def run_parity(model_name: str, sets: list[str], **knobs) -> dict[str, ParityRun]:
+    """Run each prompt set ("default", "prefix") in turn through one LLM (BASE + `knobs`, which
+    may name the engine_client); assert that the core holds no request and no KV block after,
+    and shut the engine down (an mp core process ends)."""
+    llm = LLM(model_name, **(BASE | knobs))
+    try:
+        runs = {}
+        for name in sets:
+            before = len(llm.engine.recent_steps)
+            prompts = parity_prompts(name)
+            outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+            assert [o.prompt_token_ids for o in outs] == prompts
+            runs[name] = ParityRun(prompts, [o.outputs[0].token_ids for o in outs],
+                                   list(llm.engine.recent_steps)[before:])
+        status = llm.engine.core_status()  # over ZMQ from an mp core process
+        assert (status.num_requests, status.num_used_blocks) == (0, 0), status
+        return runs
+    finally:
+        llm.engine.shutdown()
+
+
+def mp_parity_runs(model_name: str, **knobs) -> dict[str, ParityRun]:
+    """Both prompt sets through one engine_client=mp core process with MP_KNOBS (+ `knobs`)."""
+    return run_parity(model_name, ["default", "prefix"], engine_client="mp",
+                      **(MP_KNOBS | knobs))
+
+
+def check_greedy_parity(model_name: str, hf_outputs: dict, mode: str, engine_client: str,
+                        mp_runs: dict[str, ParityRun] | None = None, **knobs) -> None:
+    """Assert the mode's prompts gave transformers' ids and the mode's effect happened.
+    inproc: run them now (BASE + the mode's knobs + `knobs`); mp: take them from `mp_runs`
+    (`mp_parity_runs` of this model: a test module's fixture, so one process per model)."""
+    if engine_client == "mp":
+        run = mp_runs[prompt_set(mode)]
+    else:
+        assert engine_client == "inproc", engine_client
+        name = prompt_set(mode)
+        run = run_parity(model_name, [name], **(MODES[mode] | knobs))[name]
+    for p, ids in zip(run.prompts, run.token_ids):
+        assert ids == hf_outputs[tuple(p)], f"prompt of {len(p)} tokens"
+    steps = run.steps
     if mode == "prefix":
         assert sum(s.prefix_cache_hits for s in steps) > 0
     if mode == "preempt":
         assert sum(s.num_preempted for s in steps) > 0
     if mode == "chunked":
         assert max(s.num_scheduled_tokens for s in steps) <= 16
-    if knobs.get("engine_client") == "mp":  # the cache lives in the core process
-        llm.engine.shutdown()
-        return
-    kv = llm.engine.scheduler.kv
-    assert kv.num_free_blocks == kv.num_blocks - 1

@@ -31,6 +31,9 @@ def mp(trace):
     llm = LLM("tiny_llama", engine_client="mp", stat_loggers=[trace], **KNOBS)
     yield llm
     llm.engine.shutdown()
+    # the core process exits cleanly once it has sent everything, without tearing its
+    # interpreter down (core_proc.run_engine_core)
+    assert llm.engine.core.proc.exitcode == 0
 
 
 def _same(a, b):

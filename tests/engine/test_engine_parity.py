@@ -2,12 +2,19 @@
 
 Each tiny model family is checked in four modes: default; chunked prefill with a budget smaller
 than the prompts; prefix caching over shared prefixes (hits > 0); and a KV cache small enough
-that preemption happens (preemptions > 0). The helpers live in tests/engine/parity_utils.py.
+that preemption happens (preemptions > 0); each over both engine clients (inproc, and mp: one
+core process per model runs every mode's prompts). The helpers live in
+tests/engine/parity_utils.py.
 """
 
 import pytest
 
-from tests.engine.parity_utils import MODES, check_greedy_parity, hf_greedy_outputs
+from tests.engine.parity_utils import (
+    MODES,
+    check_greedy_parity,
+    hf_greedy_outputs,
+    mp_parity_runs,
+)
 from tests.options import tiny_models
 
 MODELS = tiny_models("gqa")  # MLA models: test_deepseek_parity.py
@@ -24,24 +31,13 @@ def hf_outputs(model_name):
     return hf_greedy_outputs(model_name)
 
 
+@pytest.fixture(scope="module")
+def mp_runs(model_name):
+    """Every mode's prompts through one engine_client=mp core process (parity_utils)."""
+    return mp_parity_runs(model_name)
+
+
 @pytest.mark.parametrize("mode", list(MODES))
-def test_greedy_parity(model_name, hf_outputs, mode):
-    check_greedy_parity(model_name, hf_outputs, mode)
-
-
-@pytest.mark.parametrize("mode", ["prefix", "preempt"])
-def test_greedy_parity_through_the_mp_client(mode):
-    """Prefix caching and preemption with the engine core in its own process
-    (engine_client=mp), on the first GQA model; the modes' statistics come back with the
-    outputs. (Two of the four modes: each mp engine costs a process start.)"""
-    model = MODELS[0]
-    check_greedy_parity(model, _hf(model), mode, engine_client="mp")
-
-
-_HF_CACHE: dict = {}
-
-
-def _hf(model: str) -> dict:
-    if model not in _HF_CACHE:
-        _HF_CACHE[model] = hf_greedy_outputs(model)
-    return _HF_CACHE[model]
+def test_greedy_parity(model_name, hf_outputs, mode, engine_client, request):
+    runs = request.getfixturevalue("mp_runs") if engine_client == "mp" else None
+    check_greedy_parity(model_name, hf_outputs, mode, engine_client, runs)

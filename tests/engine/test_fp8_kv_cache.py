@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lab import LLM, SamplingParams
+from lab.kernels import interpreter_active
 from lab.kernels.fp8_kv import FP8_KV_DTYPE
 from tests.options import model_for, options
 
@@ -39,21 +40,41 @@ def _fp8(model, **knobs):
 
 
 # Every backend but the torch reference, on a model of its kind. kernels=triton only where it is
-# cheap enough in the interpreter (the Triton ops do not touch the KV cache).
+# cheap enough in the interpreter (the Triton ops do not touch the KV cache), and inproc only.
 KERNELS = {"triton_flash": "triton"}
 
 
-@pytest.mark.parametrize("attention", [a for a in options("attention") if a != "torch"])
-def test_triton_equals_torch_reference_under_fp8(attention):
-    model, kernels = model_for(attention), KERNELS.get(attention, "torch")
-    ref = _fp8(model, attention="torch", num_gpu_blocks=64)
+@pytest.fixture(scope="module", params=[a for a in options("attention") if a != "torch"])
+def attention(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def fp8_reference(attention):
+    """The torch reference's greedy ids and fp8 scales (inproc) on the backend's model."""
+    ref = _fp8(model_for(attention), attention="torch", num_gpu_blocks=64)
     assert ref.engine.executor.worker.runner.kv_caches[0].dtype == FP8_KV_DTYPE
-    tri = _fp8(model, attention=attention, kernels=kernels, num_gpu_blocks=64)
-    want, got = _greedy(ref), _greedy(tri)
-    scales_ref = ref.engine.executor.worker.runner.kv_scales.scales
-    scales_tri = tri.engine.executor.worker.runner.kv_scales.scales
-    print(f"{model}/{attention} fp8 scales (layer x [K|kv_c, V|k_pe]):\n{scales_tri.tolist()}")
-    assert torch.equal(scales_ref, scales_tri)  # same calibration
+    return _greedy(ref), ref.engine.executor.worker.runner.kv_scales.scales
+
+
+def test_triton_equals_torch_reference_under_fp8(attention, fp8_reference, engine_client):
+    """Over both engine clients; the scales are compared inproc (an mp core process keeps its
+    runner), the ids over both."""
+    model = model_for(attention)
+    kernels = KERNELS.get(attention, "torch") if engine_client == "inproc" else "torch"
+    want, scales_ref = fp8_reference
+    tri = _fp8(model, attention=attention, kernels=kernels, num_gpu_blocks=64,
+               engine_client=engine_client)
+    try:
+        got = _greedy(tri)
+        assert tri.engine.triton_interpreted == interpreter_active()  # where the core runs
+        if engine_client == "inproc":
+            scales_tri = tri.engine.executor.worker.runner.kv_scales.scales
+            print(f"{model}/{attention} fp8 scales (layer x [K|kv_c, V|k_pe]):\n"
+                  f"{scales_tri.tolist()}")
+            assert torch.equal(scales_ref, scales_tri)  # same calibration
+    finally:
+        tri.engine.shutdown()
     assert got == want
 
 

@@ -3,25 +3,30 @@ attention=torch and of transformers, for tiny DeepSeek-V2 (with q_lora), V2-Lite
 in one run that forces chunked prefill (a 16-token budget: mixed prefill + decode steps go
 through both paths), prefix-cache hits (shared prefixes) and preemption (a tiny cache), with
 decode splits forced so the LSE merge runs. `kernels=triton` also puts norms, rotary and the
-fused MoE through Triton (on the first model)."""
+fused MoE through Triton (on the first model). The Triton run goes over both engine clients
+(inproc, and mp: the interpreter runs in the core process); the attention=torch and transformers
+references are computed once per model."""
 
 import pytest
 import torch
 
 from lab import LLM
-from tests.engine.test_triton_flash_parity import check_backend_parity
+from tests.engine.test_triton_flash_parity import check_backend_parity, model_fixtures
 from tests.options import tiny_models
 
 MODELS = tiny_models("mla")
 
 
-@pytest.mark.parametrize("model_name", MODELS)
-def test_triton_mla_matches_torch_and_transformers(model_name):
-    """kernels=triton on the first model only: the interpreter runs every op, and the Triton
-    norms, rotary and fused MoE keep transformers' logits on V2 and V3 in
+model_name, reference = model_fixtures(MODELS)
+
+
+def test_triton_mla_matches_torch_and_transformers(model_name, reference, engine_client):
+    """kernels=triton on the first model, inproc, only: the interpreter runs every op (the ops
+    are the same in a core process, whose attention kernels run in the interpreter too), and
+    the Triton norms, rotary and fused MoE keep transformers' logits on V2 and V3 in
     tests/models/test_deepseek.py::test_triton_ops_match_transformers."""
-    kernels = "triton" if model_name == MODELS[0] else "torch"
-    check_backend_parity(model_name, "triton_mla", kernels)
+    kernels = "triton" if model_name == MODELS[0] and engine_client == "inproc" else "torch"
+    check_backend_parity(model_name, "triton_mla", kernels, engine_client, reference)
 
 
 def test_backends_refuse_the_other_kind_naming_the_alternative():
