@@ -152,7 +152,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="lab's engine core in this thread or in its own process")
     p.add_argument("--cpu-threads", type=int, default=None,
                    help="torch threads of lab's engine core (default: the cpu_threads knob's "
-                        "null: torch's default in-process, cores - 1 in a core process)")
+                        "null: torch's default; cores - 1 for an async_mp core only)")
     p.add_argument("--repeat", type=int, default=1,
                    help="time each setting N times, taking turns, and keep each one's fastest")
     return p.parse_args(argv)

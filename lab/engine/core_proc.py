@@ -62,7 +62,7 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready) -> None
 
     try:
         config = OmegaConf.create(cfg)
-        set_cpu_threads(config.cpu_threads, core_process=True)
+        set_cpu_threads(config.cpu_threads, config.engine_client)
         core, info = build_core(config)
     except BaseException as e:  # noqa: BLE001 - reported to the frontend, which raises it
         ready.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))

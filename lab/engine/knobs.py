@@ -91,8 +91,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("long_prefill_token_threshold", "an integer >= 0 (0 = off)", _int_at_least(0)),
     Knob("seed", "an integer in [0, 2**63)", lambda v: _is_int(v) and 0 <= v < 2**63),
     Knob("device", "auto, cpu, cuda or cuda:N", _device),
-    Knob("cpu_threads", "null (torch's default; in an engine-core process: CPU cores - 1, "
-         "one left to the frontend) or an integer >= 1 (torch threads of the engine core)",
+    Knob("cpu_threads", "null (torch's default; in the core process of engine_client=async_mp: "
+         "CPU cores - 1, one left to the server) or an integer >= 1 (torch threads of the engine core)",
          _or_null(_int_at_least(1))),
     Knob("engine_client", "inproc (the engine core in this thread), mp (in its own process, "
          "synchronous client) or async_mp (in its own process, asyncio client: lab serve's "

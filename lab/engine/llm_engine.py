@@ -51,7 +51,7 @@ class LLMEngine:
             info = self.core.info
             self.executor, self.clock = None, Clock()  # the executor is the core process's
         else:
-            set_cpu_threads(cfg.cpu_threads, core_process=False)
+            set_cpu_threads(cfg.cpu_threads, "inproc")
             self.core, info = build_core(cfg)
             self.executor, self.clock = self.core.executor, self.core.executor.clock
         self.model_info = info.model_info
@@ -297,18 +297,20 @@ def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
                           info.bytes_per_block // cfg.block_size, interpreted)
 
 
-def set_cpu_threads(knob: int | None, core_process: bool) -> None:
-    """torch's CPU threads for the engine core: the `cpu_threads` knob; unset, an engine-core
-    process leaves one core to the frontend (HTTP, detokenizing), as vLLM-CPU reserves one for
-    its API server — on a small machine, a torch thread that shares its core with the frontend
-    stalls every parallel region of the step — and an in-process engine keeps torch's
-    default."""
-    n = knob if knob is not None else (cpu_threads_for_core_process() if core_process else None)
+def set_cpu_threads(knob: int | None, engine_client: str) -> None:
+    """torch's CPU threads for the engine core: the `cpu_threads` knob; unset, the core of an
+    async_mp frontend (a server: HTTP, detokenizing while the core steps) leaves it one core,
+    as vLLM-CPU reserves one for its API server — on a small machine, a torch thread that
+    shares its core with the frontend stalls every parallel region of the step — and inproc
+    and mp (whose frontend waits for each step's results) keep torch's default: with one core
+    less, an mp core ran a compute-bound batch at half speed on 2 cores (lab.bench.ipc)."""
+    n = knob if knob is not None else (
+        cpu_threads_for_server_core() if engine_client == "async_mp" else None)
     if n is not None:
         torch.set_num_threads(n)
 
 
-def cpu_threads_for_core_process() -> int:
+def cpu_threads_for_server_core() -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 1) - 1)
 

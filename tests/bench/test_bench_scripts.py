@@ -64,3 +64,20 @@ def test_e2e_bench_compares_configurations(capsys, monkeypatch):
     assert n_base == n_int8 > 0  # ignore_eos: every run generates the same token counts
     assert rows[runs[0]] == ["2.00", f"{n_base / 2.0:.1f}", "1.00"]
     assert rows[runs[1]] == ["0.50", f"{n_int8 / 0.5:.1f}", "4.00"]  # same tokens in 1/4 the time
+
+
+def test_ipc_bench_times_the_steps_an_inproc_core_returned():
+    """lab.bench.ipc's per-step part: the captured step results and requests cross a ZMQ
+    pair unchanged (checked inside) and get a positive time each."""
+    from lab import LLM, SamplingParams
+    from lab.bench.ipc import capture_requests, capture_steps, time_crossings
+    from lab.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+
+    llm = LLM("tiny_llama", dtype="float32", device="cpu")
+    steps, requests = capture_steps(llm), capture_requests(llm)
+    llm.generate([[5, 6, 7], [8, 9]], SamplingParams(temperature=0, max_tokens=3))
+    assert len(requests) == 2 and len(steps) == 3
+    for messages, kind in (([s for s, _ in steps], EngineCoreOutputs),
+                           (requests, EngineCoreRequest)):
+        crossings = time_crossings(messages, kind, reps=2)
+        assert all(c.nbytes > 0 and c.total_us > 0 for c in crossings)

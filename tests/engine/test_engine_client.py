@@ -4,6 +4,7 @@ a dead core process fails its callers at once instead of hanging."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -136,6 +137,7 @@ def test_counts_beyond_64_bits_cross_to_the_core(mp, inproc):
 
 
 FRONTEND = """
+import os
 import time
 from lab import LLM
 if __name__ == "__main__":
@@ -179,3 +181,25 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_cpu_threads_default_leaves_a_core_only_to_a_server():
+    """Unset cpu_threads: an async_mp core (a server frontend works while it steps) leaves one
+    core; inproc and mp (whose frontend waits on the results) keep torch's default threads;
+    the knob wins over both."""
+    import torch
+
+    from lab.engine.llm_engine import cpu_threads_for_server_core, set_cpu_threads
+
+    default = torch.get_num_threads()
+    try:
+        for client in ("inproc", "mp"):
+            set_cpu_threads(None, client)
+            assert torch.get_num_threads() == default
+        set_cpu_threads(None, "async_mp")
+        assert torch.get_num_threads() == cpu_threads_for_server_core()
+        assert cpu_threads_for_server_core() == max(1, len(os.sched_getaffinity(0)) - 1)
+        set_cpu_threads(1, "mp")
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(default)
