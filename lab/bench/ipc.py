@@ -121,20 +121,17 @@ def capture_requests(llm: LLM) -> list[EngineCoreRequest]:
     return requests
 
 
-SETTINGS = {  # name: (engine_client, cpu_threads)
-    "inproc": ("inproc", None),
-    "mp": ("mp", None),
-    "mp cores - 1": ("mp", "cores - 1"),
-}
+def settings() -> dict[str, tuple[str, int | None]]:
+    """{name: (engine_client, cpu_threads)} of the timed engines."""
+    return {"inproc": ("inproc", None), "mp": ("mp", None),
+            "mp cores - 1": ("mp", cpu_threads_for_server_core())}
 
 
 def run(args: argparse.Namespace) -> None:
     path = Path(args.model) if Path(args.model).is_dir() else ensure_tiny_model(args.model)
-    llms = {}
-    for name, (client, threads) in SETTINGS.items():
-        cores = cpu_threads_for_server_core() if threads == "cores - 1" else threads
-        llms[name] = LLM(str(path), dtype="float32", engine_client=client, cpu_threads=cores,
-                         max_num_seqs=args.num_prompts, cpu_kv_cache_gb=1.0)
+    llms = {name: LLM(str(path), dtype="float32", engine_client=client, cpu_threads=threads,
+                      max_num_seqs=args.num_prompts, cpu_kv_cache_gb=1.0)
+            for name, (client, threads) in settings().items()}
     prompts = make_prompts(args, llms["inproc"].engine.hf_config.vocab_size)
     sp = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     best: dict[str, float] = {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -101,6 +102,33 @@ def mp_parity_runs(model_name: str, **knobs) -> dict[str, ParityRun]:
     """Both prompt sets through one engine_client=mp core process with MP_KNOBS (+ `knobs`)."""
     return run_parity(model_name, ["default", "prefix"], engine_client="mp",
                       **(MP_KNOBS | knobs))
+
+
+def model_name_fixture(models: list[str]):
+    """A module-scoped `model_name` fixture over `models` (assign it to that name)."""
+
+    @pytest.fixture(scope="module", params=models)
+    def model_name(request):
+        return request.param
+
+    return model_name
+
+
+def parity_fixtures(models: list[str], **knobs):
+    """A parity module's module-scoped fixtures over `models`: `model_name`, `hf_outputs`
+    (transformers' greedy continuations, one prompt at a time: no padding effects) and
+    `mp_runs` (mp_parity_runs with `knobs`); assign them to those names there."""
+    model_name = model_name_fixture(models)
+
+    @pytest.fixture(scope="module")
+    def hf_outputs(model_name):
+        return hf_greedy_outputs(model_name)
+
+    @pytest.fixture(scope="module")
+    def mp_runs(model_name):
+        return mp_parity_runs(model_name, **knobs)
+
+    return model_name, hf_outputs, mp_runs
 
 
 def check_greedy_parity(model_name: str, hf_outputs: dict, mode: str, engine_client: str,

@@ -6,31 +6,11 @@ both engine clients (inproc, and mp: one core process per model runs every mode'
 
 import pytest
 
-from tests.engine.parity_utils import (
-    MODES,
-    check_greedy_parity,
-    hf_greedy_outputs,
-    mp_parity_runs,
-)
+from tests.engine.parity_utils import MODES, check_greedy_parity, parity_fixtures
 from tests.options import tiny_models
 
 MODELS = tiny_models("mla")
-
-
-@pytest.fixture(scope="module", params=MODELS)
-def model_name(request):
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def hf_outputs(model_name):
-    return hf_greedy_outputs(model_name)
-
-
-@pytest.fixture(scope="module")
-def mp_runs(model_name):
-    """Every mode's prompts through one engine_client=mp core process (parity_utils)."""
-    return mp_parity_runs(model_name, attention="torch")
+model_name, hf_outputs, mp_runs = parity_fixtures(MODELS, attention="torch")
 
 
 @pytest.mark.parametrize("mode", list(MODES))

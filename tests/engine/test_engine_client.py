@@ -137,7 +137,6 @@ def test_counts_beyond_64_bits_cross_to_the_core(mp, inproc):
 
 
 FRONTEND = """
-import os
 import time
 from lab import LLM
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 from lab import LLM, SamplingParams
 from lab.kernels import interpreter_active
 from lab.models.tiny import ensure_tiny_model
+from tests.engine.parity_utils import model_name_fixture
 from tests.options import tiny_models
 
 MAX_TOKENS = 8
@@ -90,10 +91,7 @@ MODELS = [m for m in tiny_models("gqa") if m != "tiny_qwen2"]
 def model_fixtures(models: list[str]):
     """The module-scoped `model_name` (over `models`) and `reference` (its reference_ids)
     fixtures of a backend parity module: assign them to those names there."""
-
-    @pytest.fixture(scope="module", params=models)
-    def model_name(request):
-        return request.param
+    model_name = model_name_fixture(models)
 
     @pytest.fixture(scope="module")
     def reference(model_name):
