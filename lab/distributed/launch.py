@@ -1,0 +1,153 @@
+"""Starting rank processes: a free rendezvous port, the start method, and `RankPool`.
+
+`RankPool(world_size)` starts one process per rank, each joined to one process group
+(`init_parallel_state`), and runs functions on every rank: `pool.run(fn, *args)` calls
+`fn(state, *args)` on each rank and returns the per-rank results in rank order. The pool lives
+until `close()` (or the end of a `with` block), so many collective checks share one group: what
+the layer tests and the collective benchmark use. A rank that raises or dies makes `run` raise a
+RuntimeError naming the rank, and the pool is then closed (no process left behind).
+
+Processes start through a multiprocessing context (`start_method`, default "forkserver"): the
+fork server imports torch once and forks each rank from that clean state, so a rank costs a
+fork instead of an interpreter start and a torch import, and no rank inherits the parent's
+threads or CUDA context (what makes a plain fork unsafe).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+START_METHODS = ("forkserver", "spawn", "fork")
+PRELOAD = ["torch", "lab.distributed.parallel_state"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (for the process group's rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tcp_init_method(host: str = "127.0.0.1", port: int | None = None) -> str:
+    return f"tcp://{host}:{port or free_port(host)}"
+
+
+def mp_context(start_method: str = "forkserver", preload: list[str] | None = None):
+    """The multiprocessing context ranks start in (ValueError naming the allowed methods)."""
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method={start_method!r}: use one of {', '.join(START_METHODS)}")
+    ctx = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(list(preload or PRELOAD))
+    return ctx
+
+
+def _rank_main(config, rank: int, init_method: str, device: str, conn) -> None:
+    """A pool rank: join the group, then run (fn, args) messages until None."""
+    from lab.distributed.parallel_state import destroy_parallel_state, init_parallel_state
+
+    try:
+        state = init_parallel_state(config, rank, init_method, device)
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        return
+    conn.send(("ok", None))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the parent is gone
+            break
+        if message is None:
+            break
+        fn, args = message
+        try:
+            conn.send(("ok", fn(state, *args)))
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    destroy_parallel_state(state)
+
+
+class RankPool:
+    """`world_size` processes in one process group that run functions on every rank."""
+
+    def __init__(self, world_size: int, device: str = "cpu", start_method: str = "forkserver",
+                 timeout_s: float = 120.0, tensor_parallel_size: int | None = None) -> None:
+        from lab.distributed.config import ParallelConfig
+
+        self.timeout_s = timeout_s
+        config = ParallelConfig(tensor_parallel_size=tensor_parallel_size or world_size)
+        if config.world_size != world_size:
+            raise ValueError(f"world_size={world_size} != tensor_parallel_size "
+                             f"{config.tensor_parallel_size}")
+        ctx = mp_context(start_method)
+        init_method = tcp_init_method()
+        self.conns, self.procs = [], []
+        for rank in range(world_size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_rank_main, args=(config, rank, init_method, device, child),
+                               name=f"lab-rank-{rank}", daemon=True)
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        self._collect()  # every rank joined (or the error of the first that could not)
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        """fn(state, *args) on every rank (fn importable by name); results in rank order."""
+        for conn in self.conns:
+            conn.send((fn, args))
+        return self._collect()
+
+    def _collect(self) -> list[Any]:
+        results: list[Any] = [None] * len(self.conns)
+        pending = dict(enumerate(self.conns))
+        while pending:
+            ready = multiprocessing.connection.wait(
+                list(pending.values()) + [p.sentinel for p in self.procs], self.timeout_s)
+            if not ready:
+                self.close()
+                raise RuntimeError(f"ranks {sorted(pending)} gave no answer in {self.timeout_s} s")
+            for rank, conn in list(pending.items()):
+                if conn in ready or conn.poll():
+                    try:
+                        status, value = conn.recv()
+                    except EOFError:
+                        status, value = "error", "the process ended without answering"
+                    if status == "error":
+                        self.close()
+                        raise RuntimeError(f"rank {rank} failed: {value}")
+                    results[rank] = value
+                    del pending[rank]
+            for rank, proc in enumerate(self.procs):
+                if rank in pending and not proc.is_alive() and not self.conns[rank].poll():
+                    code = proc.exitcode
+                    self.close()
+                    raise RuntimeError(f"rank {rank} (pid {proc.pid}) died (exit code {code})")
+        return results
+
+    def close(self) -> None:
+        """Stop every rank (politely, then by force); idempotent."""
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        for proc in self.procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        for conn in self.conns:
+            conn.close()
+        self.conns, self.procs = [], []
+
+    def __enter__(self) -> RankPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
