@@ -185,22 +185,33 @@ def _row_amax(xf: torch.Tensor) -> torch.Tensor:
     return xf.abs().amax(dim=-1, keepdim=True)
 
 
-def quantize_int8_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_int8_per_token_ref(
+    x: torch.Tensor, amax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`amax` [M, 1] replaces the rows' own maxima (a tensor-parallel shard quantized with the
+    whole row's scale, lab/quant/base.py `weight_amax`)."""
     xf = x.float()
-    scale = _scale_ref(_row_amax(xf), INT8_MAX)
+    scale = _scale_ref(_row_amax(xf) if amax is None else amax, INT8_MAX)
     q = torch.round(xf / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q, scale
 
 
-def quantize_fp8_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_per_token_ref(
+    x: torch.Tensor, amax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`amax` [M, 1]: as in quantize_int8_per_token_ref."""
     xf = x.float()
-    scale = _scale_ref(_row_amax(xf), FP8_MAX)
+    scale = _scale_ref(_row_amax(xf) if amax is None else amax, FP8_MAX)
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 
-def quantize_fp8_per_tensor_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_per_tensor_ref(
+    x: torch.Tensor, amax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`amax` (one value) replaces the tensor's own maximum (see quantize_int8_per_token_ref)."""
     xf = x.float()
-    amax = xf.abs().amax() if x.numel() else torch.zeros((), device=x.device)
+    if amax is None:
+        amax = xf.abs().amax() if x.numel() else torch.zeros((), device=x.device)
     scale = _scale_ref(amax, FP8_MAX).reshape(1)
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 

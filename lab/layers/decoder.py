@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lab.distributed.parallel_state import GroupCoordinator
 from lab.layers.activation import SiluAndMul
-from lab.layers.linear import Linear, MergedLinear
+from lab.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from lab.layers.ops import LayerOps
 
 
@@ -31,14 +32,21 @@ def check_silu(cfg) -> None:
 
 class GatedMLP(nn.Module):
     """down_proj(silu(gate) * up) with gate and up fused (| gate | up |): a dense FFN or the
-    shared experts of a MoE layer."""
+    shared experts of a MoE layer.
+
+    Tensor-parallel over `tp`: gate_up column-parallel (each rank a slice of the intermediate
+    dim), down row-parallel, all-reduced unless `reduce_results=False` (the MoE layer reduces
+    its routed and shared experts' sums at once)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, ops: LayerOps | None = None,
-                 bias: bool = False):
+                 bias: bool = False, tp: GroupCoordinator | None = None,
+                 reduce_results: bool = True):
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, bias)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size] * 2, bias, tp=tp)
         self.act = SiluAndMul(ops)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, tp=tp,
+                                           reduce_results=reduce_results)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))

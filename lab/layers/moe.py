@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lab.layers.linear import default_weight_loader
+from lab.distributed.parallel_state import GroupCoordinator
+from lab.layers.linear import default_weight_loader, divide
 from lab.layers.ops import LayerOps, TorchOps
 
 # ---------------------------------------------------------------------------------------- routers
@@ -133,13 +134,34 @@ def expert_checkpoint_names(param_name: str, num_experts: int) -> list[str]:
 
 
 class FusedExperts(nn.Module):
-    """E routed experts stacked into w13 / w2 (see the module docstring), run by ops.fused_moe."""
+    """E routed experts stacked into w13 / w2 (see the module docstring), run by ops.fused_moe.
+
+    Over a tensor-parallel group of `tp` ranks (None: one rank), two layouts:
+
+        tensor parallel (default)  every expert on every rank, its intermediate dim split:
+                                   w13 [E, 2I/tp, hidden] = | gate rows of rank r | up rows of r |,
+                                   w2 [E, hidden, I/tp] = columns of rank r
+        expert_parallel            E/tp whole experts per rank (rank r: experts
+                                   [r*E/tp, (r+1)*E/tp)); a rank computes only the (token,
+                                   expert) pairs routed to its experts
+
+    Either way the output is this rank's partial sum: the MoE layer all-reduces it."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
-                 ops: LayerOps | None = None, params_dtype: torch.dtype | None = None):
+                 ops: LayerOps | None = None, params_dtype: torch.dtype | None = None,
+                 tp: GroupCoordinator | None = None, expert_parallel: bool = False):
         super().__init__()
+        self.tp = tp or GroupCoordinator.single()
+        self.expert_parallel = expert_parallel and self.tp.world_size > 1
         self.num_experts, self.intermediate_size = num_experts, intermediate_size
-        e, h, i = num_experts, hidden_size, intermediate_size
+        e, i = num_experts, intermediate_size
+        if self.expert_parallel:
+            e = divide(num_experts, self.tp.world_size, "n_routed_experts")
+        else:
+            i = divide(intermediate_size, self.tp.world_size, "moe_intermediate_size")
+        self.num_local_experts, self.intermediate_per_rank = e, i
+        self.expert_start = self.tp.rank_in_group * e if self.expert_parallel else 0
+        h = hidden_size
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, h, dtype=params_dtype), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(e, h, i, dtype=params_dtype), requires_grad=False)
         self.w13.weight_loader = self.weight_loader
@@ -149,37 +171,79 @@ class FusedExperts(nn.Module):
         self.w2_scale: torch.Tensor | None = None
         self.ops = ops or TorchOps()
 
+    @property
+    def shards_intermediate(self) -> bool:
+        """True when each expert's intermediate dim is split over ranks (w2's rows span it)."""
+        return self.tp.world_size > 1 and not self.expert_parallel
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
                       shard: tuple[int, int | None]) -> None:
-        """Copy one expert's tensor into its slice: w13 shard 0 = gate rows, 1 = up rows."""
+        """Copy this rank's part of one expert's unsharded tensor: w13 shard 0 = gate rows,
+        1 = up rows (this rank's slice of each), w2 this rank's columns; an expert another rank
+        holds (expert_parallel) is skipped."""
         expert, part = shard
-        dst = param.data[expert]
+        i, full_i = self.intermediate_per_rank, self.intermediate_size
+        hidden = self.w13.shape[-1]
+        full_dim = 0 if part is not None else 1  # gate / up [I, hidden]; down [hidden, I]
+        full = (full_i, hidden) if full_dim == 0 else (hidden, full_i)
+        if tuple(loaded.shape) != full:
+            raise ValueError(f"expected shape {full}, found {tuple(loaded.shape)}")
+        local = expert - self.expert_start
+        if not 0 <= local < self.num_local_experts:
+            return
+        r = self.tp.rank_in_group if self.shards_intermediate else 0
+        dst = param.data[local]
         if part is not None:
-            dst = dst.narrow(0, part * self.intermediate_size, self.intermediate_size)
-        default_weight_loader(dst, loaded)
+            dst = dst.narrow(0, part * i, i)
+        default_weight_loader(dst, loaded.narrow(full_dim, r * i, i))
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor) -> torch.Tensor:
+        if self.expert_parallel:
+            return self._forward_local_experts(x, topk_weights, topk_ids)
         return self.ops.fused_moe(x, self.w13, self.w2, topk_weights, topk_ids,
                                   self.w13_scale, self.w2_scale)
 
+    def _forward_local_experts(self, x: torch.Tensor, topk_weights: torch.Tensor,
+                               topk_ids: torch.Tensor) -> torch.Tensor:
+        """Expert parallel: the pairs routed to this rank's experts, each as a top-1 row of
+        fused_moe (x gathered per pair), summed back per token; zeros for the other tokens."""
+        local = topk_ids - self.expert_start
+        mine = (local >= 0) & (local < self.num_local_experts)
+        tokens, slots = mine.nonzero(as_tuple=True)
+        out = torch.zeros(x.shape, dtype=torch.promote_types(x.dtype, topk_weights.dtype),
+                          device=x.device)
+        if tokens.numel():
+            y = self.ops.fused_moe(x[tokens], self.w13, self.w2,
+                                   topk_weights[tokens, slots, None], local[tokens, slots, None],
+                                   self.w13_scale, self.w2_scale)
+            out.index_add_(0, tokens, y.to(out.dtype))
+        return out.to(x.dtype)
+
     def extra_repr(self) -> str:
-        return f"experts={self.num_experts}, intermediate={self.intermediate_size}, ops={self.ops.name}"
+        layout = (f", experts {self.expert_start}..+{self.num_local_experts}"
+                  if self.expert_parallel else f", intermediate per rank={self.intermediate_per_rank}")
+        return (f"experts={self.num_experts}, intermediate={self.intermediate_size}{layout}, "
+                f"ops={self.ops.name}")
 
 
 class MoE(nn.Module):
     """Router + routed experts (+ shared experts), HF's `mlp` of a MoE layer:
-    experts(x, gate(x)) + shared_experts(x)."""
+    experts(x, gate(x)) + shared_experts(x), all-reduced once over `tp` (both are partial sums
+    per rank: the shared experts' down projection is built with reduce_results=False). The
+    router is replicated: every rank routes every token the same way."""
 
-    def __init__(self, gate: nn.Module, experts: FusedExperts, shared_experts: nn.Module | None):
+    def __init__(self, gate: nn.Module, experts: FusedExperts, shared_experts: nn.Module | None,
+                 tp: GroupCoordinator | None = None):
         super().__init__()
         self.gate = gate
         self.experts = experts
         self.shared_experts = shared_experts
+        self.tp = tp or GroupCoordinator.single()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = self.gate(x)
         out = self.experts(x, topk_weights, topk_ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
-        return out
+        return self.tp.all_reduce(out)

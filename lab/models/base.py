@@ -1,16 +1,22 @@
 """The model seam: what the loader, the worker and the model runner rely on in a model.
 
 A model class is chosen by the checkpoint's HF `architectures` (lab/models/registry.py), built by
-the loader as `cls(hf_config, attn_backend, ops)` under the target device and dtype, then filled
-by `load_weights`. Each step the model runner calls
+the loader as `cls(hf_config, attn_backend, ops, tp, expert_parallel=...)` under the target
+device and dtype, then filled by `load_weights`. Each step the model runner calls
 
     hidden = model(input_ids, positions, kv_caches, attn_metadata)   # [T] -> [T, hidden]
     logits = model.compute_logits(hidden[logits_indices])            # [N, hidden] -> [N, vocab]
 
 on one flat token batch (requests back to back, see lab/attention/base.py), and the worker sizes
-the KV cache from `attention_spec` (per layer) times `num_layers`. `attention_spec_for(hf_config)`
-gives the same spec from the config alone, without building the model (what the loader checks
-against the backend, and what a simulator needs to count KV bytes per token).
+the KV cache from `attention_spec` (per layer) times `num_layers`. `attention_spec_for(hf_config,
+tp_size)` gives the same spec from the config alone, without building the model (what the loader
+checks against the backend, and what a simulator needs to count KV bytes per token).
+
+Tensor parallelism (`tp`, a GroupCoordinator; None: one rank): every rank of the group builds
+the model with the same `tp`, loads the same unsharded checkpoint (each layer keeps its part)
+and runs `forward` on the same inputs. The spec is per rank (its heads; its KV cache), and
+`compute_logits` is a collective: every rank calls it, the group's rank 0 gets the logits, the
+others None.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch
 from torch import nn
 
 from lab.attention.base import AttentionBackend, AttentionSpec
+from lab.distributed.parallel_state import GroupCoordinator
 from lab.layers.ops import LayerOps, TorchOps
 
 
@@ -34,22 +41,28 @@ class CausalLM(nn.Module, ABC):
     num_layers: int
 
     def __init__(
-        self, hf_config, attn_backend: AttentionBackend, ops: LayerOps | None = None
+        self, hf_config, attn_backend: AttentionBackend, ops: LayerOps | None = None,
+        tp: GroupCoordinator | None = None, expert_parallel: bool = False,
     ) -> None:
-        """Record the config, the ops (None: TorchOps), the attention spec and the layer count;
-        subclasses then build their layers on `attn_backend` (already checked by the loader to
-        support `attention_spec`)."""
+        """Record the config, the ops (None: TorchOps), the TP group (None: one rank), the
+        attention spec of this rank and the layer count; subclasses then build their layers on
+        `attn_backend` (already checked by the loader to support `attention_spec`).
+        `expert_parallel`: MoE layers hold whole experts per rank instead of splitting each
+        expert (no effect on a model without MoE layers or on one rank)."""
         super().__init__()
         self.config = hf_config
         self.ops = ops or TorchOps()
-        self.attention_spec = self.attention_spec_for(hf_config)
+        self.tp = tp or GroupCoordinator.single()
+        self.expert_parallel = expert_parallel
+        self.attention_spec = self.attention_spec_for(hf_config, self.tp.world_size)
         self.num_layers = hf_config.num_hidden_layers
 
     @classmethod
     @abstractmethod
-    def attention_spec_for(cls, hf_config) -> AttentionSpec:
-        """The AttentionSpec of a model of this class with this HF config, built from the config
-        alone (no weights, no layers)."""
+    def attention_spec_for(cls, hf_config, tp_size: int = 1) -> AttentionSpec:
+        """The AttentionSpec of one rank of a model of this class with this HF config over
+        `tp_size` tensor-parallel ranks, built from the config alone (no weights, no layers);
+        ValueError naming the config field that does not divide."""
 
     @abstractmethod
     def forward(
@@ -61,10 +74,20 @@ class CausalLM(nn.Module, ABC):
         backend's `build_metadata` made for this step."""
 
     @abstractmethod
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Hidden states [N, hidden] -> float32 logits [N, vocab]."""
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Hidden states [N, hidden] -> float32 logits [N, vocab] on the TP group's rank 0, None
+        on the other ranks (a collective: every rank calls it)."""
 
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named tensors strictly: raise ValueError naming every missing, unexpected and
         mis-shaped tensor. Returns the names of the parameters loaded."""
+
+
+def check_tp_divisible(hf_config, tp_size: int, fields: tuple[str, ...]) -> None:
+    """ValueError naming the first config field in `fields` (absent or None ones are skipped)
+    that `tp_size` does not divide."""
+    for field in fields:
+        value = getattr(hf_config, field, None)
+        if value is not None and value % tp_size:
+            raise ValueError(f"{field}={value} is not divisible by tensor_parallel_size={tp_size}")

@@ -20,6 +20,13 @@ Yarn: cos/sin carry the attention factor (from mscale / mscale_all_dim) and the 
 (N + R)^-0.5 · mscale(factor, mscale_all_dim)^2. Layer i's MLP is MoE iff n_routed_experts is set,
 i >= first_k_dense_replace and i % moe_layer_freq == 0 (transformers ignores moe_layer_freq;
 released checkpoints use 1), else a dense gated MLP. The routers are lab/layers/moe.py's.
+
+Tensor parallel over `tp` (lab/layers/linear.py): each rank attends with H/tp heads. q_proj /
+q_b_proj and kv_b_proj are column-parallel by heads (their rows are head-major), o_proj is
+row-parallel; the latent projections q_a_proj and kv_a_proj_with_mqa are replicated, so every
+rank caches the same latent rows (L + R per token) for its heads. Dense MLPs as Llama; MoE:
+router replicated, routed experts split per expert (default) or whole experts per rank
+(`expert_parallel`), shared experts column/row-parallel, one all-reduce for both.
 """
 
 from __future__ import annotations
@@ -33,9 +40,15 @@ from torch import nn
 
 from lab.attention.base import AttentionBackend, AttentionSpec
 from lab.attention.mla import MLAWeights, mla_attention_spec
+from lab.distributed.parallel_state import GroupCoordinator
 from lab.layers.decoder import DecoderStack, GatedMLP, PreNormDecoderLayer, check_silu
-from lab.layers.embedding import Embedding, LMHead
-from lab.layers.linear import Linear, default_weight_loader
+from lab.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from lab.layers.linear import (
+    ColumnParallelLinear,
+    Linear,
+    RowParallelLinear,
+    default_weight_loader,
+)
 from lab.layers.moe import (
     FusedExperts,
     MoE,
@@ -47,7 +60,7 @@ from lab.layers.moe import (
 from lab.layers.norm import RMSNorm
 from lab.layers.ops import LayerOps
 from lab.layers.rotary import RotaryEmbedding, rope_parameters
-from lab.models.base import CausalLM
+from lab.models.base import CausalLM, check_tp_divisible
 from lab.models.weight_utils import StackedMapping, WeightCheck
 
 STACKED = StackedMapping((("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)))
@@ -67,6 +80,14 @@ def yarn_softmax_scale(cfg) -> float:
     return scale
 
 
+def mla_spec(cfg, tp_size: int = 1) -> AttentionSpec:
+    """The MLA spec of one of `tp_size` ranks: its num_attention_heads / tp heads over the
+    full latent row (the same cache on every rank)."""
+    check_tp_divisible(cfg, tp_size, ("num_attention_heads",))
+    return mla_attention_spec(cfg.num_attention_heads // tp_size, cfg.kv_lora_rank,
+                              cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim)
+
+
 def mla_rotary(cfg, style: str, ops: LayerOps) -> RotaryEmbedding:
     """The R-dim rotary of an MLA model (inverse frequencies and yarn factor as transformers)."""
     inv_freq, scaling = rope_parameters(cfg, cfg.qk_rope_head_dim)
@@ -78,24 +99,23 @@ class DeepseekAttention(nn.Module):
     """MLA: low-rank q (optional), latent kv, decoupled rope; the backend's forward_mla attends."""
 
     def __init__(self, cfg, layer_idx: int, backend: AttentionBackend, rotary: RotaryEmbedding,
-                 rope_style: str, ops: LayerOps):
+                 rope_style: str, ops: LayerOps, tp: GroupCoordinator):
         super().__init__()
         self.layer_idx, self.backend, self.rotary_emb = layer_idx, backend, rotary
-        self.spec = mla_attention_spec(cfg.num_attention_heads, cfg.kv_lora_rank,
-                                       cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim)
-        h, n, r, lat = self.spec.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+        self.spec = mla_spec(cfg, tp.world_size)  # this rank's heads
+        h, n, r, lat = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
         bias = bool(getattr(cfg, "attention_bias", False))
         self.q_lora_rank = cfg.q_lora_rank
         if self.q_lora_rank is None:
-            self.q_proj = Linear(cfg.hidden_size, h * (n + r))
+            self.q_proj = ColumnParallelLinear(cfg.hidden_size, h * (n + r), tp=tp)
         else:
             self.q_a_proj = Linear(cfg.hidden_size, self.q_lora_rank, bias)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, ops=ops)  # HF: default eps 1e-6
-            self.q_b_proj = Linear(self.q_lora_rank, h * (n + r))
+            self.q_b_proj = ColumnParallelLinear(self.q_lora_rank, h * (n + r), tp=tp)
         self.kv_a_proj_with_mqa = Linear(cfg.hidden_size, lat + r, bias)
         self.kv_a_layernorm = RMSNorm(lat, ops=ops)
-        self.kv_b_proj = Linear(lat, h * (n + cfg.v_head_dim))
-        self.o_proj = Linear(h * cfg.v_head_dim, cfg.hidden_size, bias)
+        self.kv_b_proj = ColumnParallelLinear(lat, h * (n + cfg.v_head_dim), tp=tp)
+        self.o_proj = RowParallelLinear(h * cfg.v_head_dim, cfg.hidden_size, bias, tp=tp)
         self.scale = yarn_softmax_scale(cfg)
         # V3 rope_interleave: | x0 x1 x2 x3 ... | -> | x0 x2 ... | x1 x3 ... | before a neox rotation
         order = torch.cat((torch.arange(0, r, 2), torch.arange(1, r, 2)))
@@ -135,23 +155,41 @@ def is_moe_layer(cfg, layer_idx: int) -> bool:
         layer_idx >= (getattr(cfg, "first_k_dense_replace", 0) or 0) and layer_idx % freq == 0)
 
 
+def check_moe_tp(cfg, tp_size: int, expert_parallel: bool) -> None:
+    """ValueError naming the field that `tp_size` does not divide: the dense MLP's
+    intermediate_size, and with MoE layers moe_intermediate_size (experts split) or
+    n_routed_experts (expert_parallel), and the shared experts' width."""
+    moe = bool(getattr(cfg, "n_routed_experts", None))
+    fields = ("intermediate_size",)
+    if moe:
+        fields += ("n_routed_experts",) if expert_parallel else ("moe_intermediate_size",)
+    check_tp_divisible(cfg, tp_size, fields)
+    shared = (cfg.moe_intermediate_size * (cfg.n_shared_experts or 0)) if moe else 0
+    if shared % tp_size:
+        raise ValueError(f"moe_intermediate_size * n_shared_experts={shared} (the shared experts) "
+                         f"is not divisible by tensor_parallel_size={tp_size}")
+
+
 class DeepseekDecoderLayer(PreNormDecoderLayer):
     """Pre-norm MLA + (MoE or dense MLP), carrying the residual stream like LlamaDecoderLayer."""
 
     def __init__(self, cfg, layer_idx: int, backend: AttentionBackend, rotary: RotaryEmbedding,
-                 rope_style: str, gate: nn.Module | None, ops: LayerOps):
+                 rope_style: str, gate: nn.Module | None, ops: LayerOps, tp: GroupCoordinator,
+                 expert_parallel: bool):
         super().__init__()
-        self.self_attn = DeepseekAttention(cfg, layer_idx, backend, rotary, rope_style, ops)
+        self.self_attn = DeepseekAttention(cfg, layer_idx, backend, rotary, rope_style, ops, tp)
         check_silu(cfg)
         bias = bool(getattr(cfg, "mlp_bias", False))
         if gate is None:
-            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ops, bias)
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ops, bias, tp)
         else:
             inter = cfg.moe_intermediate_size
             shared = cfg.n_shared_experts or 0
-            self.mlp = MoE(
-                gate, FusedExperts(cfg.n_routed_experts, cfg.hidden_size, inter, ops),
-                GatedMLP(cfg.hidden_size, inter * shared, ops, bias) if shared else None)
+            experts = FusedExperts(cfg.n_routed_experts, cfg.hidden_size, inter, ops, tp=tp,
+                                   expert_parallel=expert_parallel)
+            shared_mlp = GatedMLP(cfg.hidden_size, inter * shared, ops, bias, tp,
+                                  reduce_results=False) if shared else None
+            self.mlp = MoE(gate, experts, shared_mlp, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
 
@@ -160,13 +198,15 @@ class DeepseekDecoderLayer(PreNormDecoderLayer):
 class DeepseekModel(DecoderStack):
     """Embedding, decoder layers, final norm (HF's `model.` prefix)."""
 
-    def __init__(self, cfg, backend: AttentionBackend, rope_style: str, make_gate, ops: LayerOps):
+    def __init__(self, cfg, backend: AttentionBackend, rope_style: str, make_gate, ops: LayerOps,
+                 tp: GroupCoordinator, expert_parallel: bool):
         super().__init__()
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp=tp)
         self.rotary_emb = mla_rotary(cfg, rope_style, ops)
         self.layers = nn.ModuleList(
             DeepseekDecoderLayer(cfg, i, backend, self.rotary_emb, rope_style,
-                                 make_gate(cfg) if is_moe_layer(cfg, i) else None, ops)
+                                 make_gate(cfg) if is_moe_layer(cfg, i) else None, ops, tp,
+                                 expert_parallel)
             for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
@@ -200,19 +240,21 @@ class DeepseekV2ForCausalLM(CausalLM):
             cfg.routed_scaling_factor)
 
     @classmethod
-    def attention_spec_for(cls, hf_config) -> AttentionSpec:
-        cfg = hf_config
-        return mla_attention_spec(
-            cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
-            cfg.v_head_dim)
+    def attention_spec_for(cls, hf_config, tp_size: int = 1) -> AttentionSpec:
+        """This rank's num_attention_heads / tp heads; the latent cache row is the same on
+        every rank."""
+        return mla_spec(hf_config, tp_size)
 
-    def __init__(self, hf_config, attn_backend: AttentionBackend, ops: LayerOps | None = None):
-        super().__init__(hf_config, attn_backend, ops)
+    def __init__(self, hf_config, attn_backend: AttentionBackend, ops: LayerOps | None = None,
+                 tp: GroupCoordinator | None = None, expert_parallel: bool = False):
+        super().__init__(hf_config, attn_backend, ops, tp, expert_parallel)
         cfg = hf_config
+        check_moe_tp(cfg, self.tp.world_size, expert_parallel)
         self.num_extra_layers = getattr(cfg, "num_nextn_predict_layers", 0) or 0  # V3's MTP
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.model = DeepseekModel(cfg, attn_backend, self.rope_style(cfg), self.make_gate, self.ops)
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size)
+        self.model = DeepseekModel(cfg, attn_backend, self.rope_style(cfg), self.make_gate,
+                                   self.ops, self.tp, expert_parallel)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp=self.tp)
         if self.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
 
@@ -221,8 +263,9 @@ class DeepseekV2ForCausalLM(CausalLM):
         """input_ids, positions [T] -> final hidden states [T, hidden]."""
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Hidden [N, hidden] -> float32 logits [N, vocab]."""
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Hidden [N, hidden] -> float32 logits [N, vocab] on the TP group's rank 0 (None on
+        the others; every rank calls it)."""
         return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -245,16 +288,16 @@ class DeepseekV2ForCausalLM(CausalLM):
         return layer is not None and (
             self.num_layers <= int(layer.group(1)) < self.num_layers + self.num_extra_layers)
 
-    @staticmethod
-    def _checkpoint_names(param_name: str, param: nn.Parameter) -> list[str]:
-        if param_name.endswith((".experts.w13", ".experts.w2")):
-            return expert_checkpoint_names(param_name, param.shape[0])
+    def _checkpoint_names(self, param_name: str, param: nn.Parameter) -> list[str]:
+        if param_name.endswith((".experts.w13", ".experts.w2")):  # every expert, any rank's
+            return expert_checkpoint_names(param_name, self.config.n_routed_experts)
         return STACKED.to_checkpoint(param_name)
 
     def _load_one(self, params: dict, name: str, tensor: torch.Tensor, check: WeightCheck) -> None:
         param_name, shard = expert_param_name(name) or STACKED.to_param(name)
         param = params.get(param_name)
-        if param is None or (isinstance(shard, tuple) and shard[0] >= param.shape[0]):
+        if param is None or (isinstance(shard, tuple)
+                             and shard[0] >= self.config.n_routed_experts):
             check.unexpected.append(name)
             return
         loader = getattr(param, "weight_loader", default_weight_loader)

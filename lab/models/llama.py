@@ -6,6 +6,11 @@ RMSNorm, RoPE and SiLU·mul run through the `LayerOps` given to the model (PyTor
 one RotaryEmbedding (cos/sin tables) is shared by every attention layer.
 Weights are stored fused: qkv_proj = | q | k | v |, gate_up_proj = | gate | up |. The decoder
 layer and stack forwards (pre-norm, residual carried) are lab/layers/decoder.py's.
+
+Tensor parallel over `tp` (lab/layers/linear.py): qkv_proj splits the heads (kv heads
+replicated when tp > num_key_value_heads), o_proj is row-parallel; gate_up column-parallel,
+down_proj row-parallel; embedding and LM head vocab-parallel. Each rank attends over its own
+heads with its own KV cache.
 """
 
 from __future__ import annotations
@@ -17,13 +22,19 @@ import torch
 from torch import nn
 
 from lab.attention.base import AttentionBackend, AttentionSpec
+from lab.distributed.parallel_state import GroupCoordinator
 from lab.layers.decoder import DecoderStack, GatedMLP, PreNormDecoderLayer, check_silu
-from lab.layers.embedding import Embedding, LMHead
-from lab.layers.linear import Linear, QKVLinear, default_weight_loader
+from lab.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from lab.layers.linear import (
+    QKVParallelLinear,
+    RowParallelLinear,
+    default_weight_loader,
+    kv_heads_per_rank,
+)
 from lab.layers.norm import RMSNorm
 from lab.layers.ops import LayerOps
 from lab.layers.rotary import RotaryEmbedding
-from lab.models.base import CausalLM
+from lab.models.base import CausalLM, check_tp_divisible
 from lab.models.weight_utils import StackedMapping, WeightCheck
 
 STACKED = StackedMapping(
@@ -54,11 +65,12 @@ def head_dim_of(cfg) -> int:
 
 
 class LlamaAttention(nn.Module):
-    """Fused qkv projection, optional per-head q/k norm, RoPE, backend attention, o_proj."""
+    """Fused qkv projection, optional per-head q/k norm, RoPE, backend attention, o_proj
+    (this rank's heads; o_proj all-reduces)."""
 
     def __init__(
         self, cfg, arch: LlamaArch, layer_idx: int, backend: AttentionBackend,
-        rotary_emb: RotaryEmbedding, ops: LayerOps,
+        rotary_emb: RotaryEmbedding, ops: LayerOps, tp: GroupCoordinator,
     ):
         super().__init__()
         self.layer_idx = layer_idx
@@ -67,8 +79,9 @@ class LlamaAttention(nn.Module):
         self.head_dim = head_dim_of(cfg)
         self.scale = self.head_dim**-0.5  # RoPE attention scaling is already inside cos/sin
         heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.qkv_proj = QKVLinear(cfg.hidden_size, self.head_dim, heads, kv_heads, arch.qkv_bias)
-        self.o_proj = Linear(heads * self.head_dim, cfg.hidden_size, arch.o_bias)
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, self.head_dim, heads, kv_heads,
+                                          arch.qkv_bias, tp=tp)
+        self.o_proj = RowParallelLinear(heads * self.head_dim, cfg.hidden_size, arch.o_bias, tp=tp)
         if arch.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops=ops)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops=ops)
@@ -88,12 +101,12 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
 
     def __init__(
         self, cfg, arch: LlamaArch, layer_idx: int, backend: AttentionBackend,
-        rotary_emb: RotaryEmbedding, ops: LayerOps,
+        rotary_emb: RotaryEmbedding, ops: LayerOps, tp: GroupCoordinator,
     ):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, arch, layer_idx, backend, rotary_emb, ops)
+        self.self_attn = LlamaAttention(cfg, arch, layer_idx, backend, rotary_emb, ops, tp)
         check_silu(cfg)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ops, arch.mlp_bias)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ops, arch.mlp_bias, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
 
@@ -102,12 +115,13 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
 class LlamaModel(DecoderStack):
     """Embedding, decoder layers, final norm (HF's `model.` prefix)."""
 
-    def __init__(self, cfg, arch: LlamaArch, backend: AttentionBackend, ops: LayerOps):
+    def __init__(self, cfg, arch: LlamaArch, backend: AttentionBackend, ops: LayerOps,
+                 tp: GroupCoordinator):
         super().__init__()
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp=tp)
         self.rotary_emb = RotaryEmbedding.from_hf_config(cfg, head_dim_of(cfg), ops=ops)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, arch, i, backend, self.rotary_emb, ops)
+            LlamaDecoderLayer(cfg, arch, i, backend, self.rotary_emb, ops, tp)
             for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
@@ -124,20 +138,26 @@ class LlamaForCausalLM(CausalLM):
         return LlamaArch(bias, bias, bool(getattr(cfg, "mlp_bias", False)))
 
     @classmethod
-    def attention_spec_for(cls, hf_config) -> AttentionSpec:
+    def attention_spec_for(cls, hf_config, tp_size: int = 1) -> AttentionSpec:
+        """This rank's heads: num_attention_heads / tp; kv heads / tp, or 1 when tp exceeds
+        them (replicated)."""
         cfg = hf_config
+        check_tp_divisible(cfg, tp_size, ("num_attention_heads",))
+        kv_heads, _ = kv_heads_per_rank(cfg.num_key_value_heads, tp_size)
         return AttentionSpec(
-            cfg.num_attention_heads, cfg.num_key_value_heads, head_dim_of(cfg), kind="gqa"
+            cfg.num_attention_heads // tp_size, kv_heads, head_dim_of(cfg), kind="gqa"
         )
 
     def __init__(
-        self, hf_config, attn_backend: AttentionBackend, ops: LayerOps | None = None
+        self, hf_config, attn_backend: AttentionBackend, ops: LayerOps | None = None,
+        tp: GroupCoordinator | None = None, expert_parallel: bool = False,
     ):
-        super().__init__(hf_config, attn_backend, ops)
+        super().__init__(hf_config, attn_backend, ops, tp, expert_parallel)
         cfg = hf_config
+        check_tp_divisible(cfg, self.tp.world_size, ("intermediate_size",))
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.model = LlamaModel(cfg, self.arch(cfg), attn_backend, self.ops)
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size)
+        self.model = LlamaModel(cfg, self.arch(cfg), attn_backend, self.ops, self.tp)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp=self.tp)
         if self.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
 
@@ -151,8 +171,9 @@ class LlamaForCausalLM(CausalLM):
         """input_ids, positions [T] -> final hidden states [T, hidden]."""
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Hidden [N, hidden] -> float32 logits [N, vocab]."""
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Hidden [N, hidden] -> float32 logits [N, vocab] on the TP group's rank 0 (None on
+        the others; every rank calls it)."""
         return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

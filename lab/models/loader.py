@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from lab.attention.base import AttentionBackend
+from lab.distributed.parallel_state import GroupCoordinator
 from lab.layers.ops import LayerOps, TorchOps
 from lab.models.base import CausalLM
 from lab.models.registry import model_class
@@ -63,22 +64,28 @@ def default_dtype(dtype: torch.dtype):
 def load_model(
     path: str | Path, attn_backend: AttentionBackend, dtype: torch.dtype,
     device: str | torch.device, ops: LayerOps | None = None, quant: QuantConfig | None = None,
+    tp: GroupCoordinator | None = None, expert_parallel: bool = False,
 ) -> tuple[CausalLM, object]:
     """Build the model for the checkpoint at `path` on `device` in `dtype` and load its weights
     strictly (ValueError naming every missing, unexpected or mis-shaped tensor). `ops` (the
     `kernels` group) computes norm/rotary/activation and the quantized GEMMs; None means
     TorchOps. `quant` (the `quant` group) gives each linear its method; None: unquantized.
-    ValueError when `attn_backend` does not implement the model's attention kind."""
+    ValueError when `attn_backend` does not implement the model's attention kind.
+
+    `tp` (the TP group; None: one rank): every rank of the group calls this with the same
+    arguments and keeps its part of each layer (lab/layers/linear.py); `expert_parallel` puts
+    whole MoE experts on each rank instead of splitting every expert (see CausalLM)."""
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(path)
     cls = model_class(hf_config)
-    attn_backend.check_supported(cls.attention_spec_for(hf_config))
+    tp_size = tp.world_size if tp is not None else 1
+    attn_backend.check_supported(cls.attention_spec_for(hf_config, tp_size))
     ops = ops or TorchOps()
     quant = quant or NoQuantConfig()
     quant = quant.bind(hf_config, ops)
     with torch.device(device), default_dtype(dtype):
-        model = cls(hf_config, attn_backend, ops)
+        model = cls(hf_config, attn_backend, ops, tp, expert_parallel=expert_parallel)
         quant.quantize_model(model)
     model.load_weights(safetensors_weights(path))
     for module in model.modules():

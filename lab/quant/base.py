@@ -51,8 +51,9 @@ class QuantMethod:
         self, layer: nn.Module, input_size: int, output_sizes: Sequence[int], bias: bool,
         params_dtype: torch.dtype,
     ) -> None:
-        """Register the layer's parameters (shapes before loading); `output_sizes` are the fused
-        shards (one entry for a plain Linear)."""
+        """Register the layer's parameters (shapes before loading) at this rank's sizes: the
+        input columns it multiplies and its rows of each fused shard (one entry for a plain
+        Linear); a tensor-parallel layer's loader fills them from the unsharded checkpoint."""
         raise NotImplementedError
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
@@ -66,8 +67,10 @@ class QuantMethod:
 class OnlineQuantMethod(QuantMethod):
     """A method that loads a dense checkpoint and quantizes each weight at load time.
 
-    Subclasses implement `quantize(weight) -> {name: tensor}` (registered as parameters in place
-    of `weight`) and `matmul(layer, x2d) -> y2d`."""
+    Subclasses implement `quantize(weight, layer) -> {name: tensor}` (registered as parameters in
+    place of `weight`) and `matmul(layer, x2d) -> y2d`. Under tensor parallelism `weight` is this
+    rank's shard; a scale whose span crosses ranks takes its amax from `weight_amax`, so it
+    equals the unsharded layer's."""
 
     def __init__(self, ops: LayerOps) -> None:
         self.ops = ops
@@ -78,11 +81,11 @@ class OnlineQuantMethod(QuantMethod):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         weight = layer.weight.data
         del layer.weight
-        for name, tensor in self.quantize(weight).items():
+        for name, tensor in self.quantize(weight, layer).items():
             layer.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
 
-    def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The dense weight [out, in] -> the tensors that replace it."""
+    def quantize(self, weight: torch.Tensor, layer: nn.Module) -> dict[str, torch.Tensor]:
+        """The dense weight [out, in] (this rank's) -> the tensors that replace it."""
         raise NotImplementedError
 
     def matmul(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -175,8 +178,30 @@ class QuantConfig:
         return f"{type(self).__name__}(experts={self.experts})"
 
 
+def weight_amax(layer: nn.Module, weight: torch.Tensor, per_channel: bool) -> torch.Tensor:
+    """The amax a weight scale of `layer` spans, the unsharded layer's on every rank: per
+    channel the row maxima [N, 1], per tensor one value [1], in fp32. A row spans ranks when
+    the layer splits its input columns (row-parallel); the tensor, when it splits anything; such
+    an amax is all-reduced (max) over the layer's TP group (`shards_input` / `shards_output`)."""
+    w = weight.detach().float().abs()
+    if per_channel:
+        amax = w.amax(dim=-1, keepdim=True) if w.shape[-1] else w.new_zeros(w.shape[0], 1)
+    else:
+        amax = (w.amax() if w.numel() else w.new_zeros(())).reshape(1)
+    tp = getattr(layer, "tp", None)
+    spans = getattr(layer, "shards_input", False) or (
+        not per_channel and getattr(layer, "shards_output", False))
+    if spans and tp is not None and tp.world_size > 1:
+        tp.all_reduce(amax, op="max")
+    return amax
+
+
 class ExpertWeightMethod:
-    """Quantizes a FusedExperts' loaded w13 / w2 per expert and output channel (weights only)."""
+    """Quantizes a FusedExperts' loaded w13 / w2 per expert and output channel (weights only).
+
+    `quantizer(w [N, K], amax [N, 1] | None) -> (q, scale [N])`. Tensor-parallel experts: w13's
+    rows are whole (scales as unsharded); w2's rows span the split intermediate dim, so their
+    amax is all-reduced over the group: each rank's scales equal the unsharded ones."""
 
     def __init__(self, quantizer) -> None:
         self.quantizer = quantizer
@@ -185,7 +210,11 @@ class ExpertWeightMethod:
         for name in ("w13", "w2"):
             w = getattr(layer, name)
             e, n, k = w.shape
-            q, scale = self.quantizer(w.detach().reshape(e * n, k))
+            flat = w.detach().reshape(e * n, k)
+            amax = None
+            if name == "w2" and getattr(layer, "shards_intermediate", False):
+                amax = layer.tp.all_reduce(flat.float().abs().amax(-1, keepdim=True), op="max")
+            q, scale = self.quantizer(flat, amax)
             setattr(layer, name, nn.Parameter(q.reshape(e, n, k), requires_grad=False))
             setattr(layer, f"{name}_scale", scale.reshape(e, n).float().contiguous())
 
@@ -197,12 +226,15 @@ def is_fused_experts(module: nn.Module) -> bool:
     return isinstance(module, FusedExperts)
 
 
-def check_group_size(prefix: str, input_size: int, group_size: int) -> None:
-    """ValueError naming the layer when its input size is not a multiple of the group size."""
+def check_group_size(prefix: str, input_size: int, group_size: int, tp_size: int = 1) -> None:
+    """ValueError naming the layer when its input size (this rank's columns: a row-parallel
+    layer splits K over `tp_size` ranks) is not a multiple of the group size."""
     if input_size % group_size:
+        per_rank = (f" per rank (a row-parallel layer at tensor_parallel_size={tp_size} splits "
+                    "its input columns)") if tp_size > 1 else ""
         raise ValueError(
-            f"{prefix}: input size {input_size} is not a multiple of quant.group_size={group_size}"
-            f" (choose a group size that divides every linear's input size)")
+            f"{prefix}: input size {input_size}{per_rank} is not a multiple of quant.group_size="
+            f"{group_size} (choose a group size that divides every linear's input size)")
 
 
 def weight_bytes(model: nn.Module) -> int:

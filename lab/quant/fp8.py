@@ -26,19 +26,22 @@ import torch
 from torch import nn
 
 from lab.layers.linear import Linear, UnquantizedLinearMethod
-from lab.quant.base import OnlineQuantMethod, QuantConfig, QuantMethod
+from lab.quant.base import OnlineQuantMethod, QuantConfig, QuantMethod, weight_amax
 
 FP8_DTYPE = torch.float8_e4m3fn
 WEIGHT_SCHEMES = ("per_channel", "per_tensor")
 ACTIVATION_SCHEMES = ("per_token", "per_tensor")
 
 
-def quantize_fp8_weight(weight: torch.Tensor, per_channel: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [N, K] -> (e4m3 [N, K], fp32 scale [N] per channel or [1] per tensor)."""
+def quantize_fp8_weight(
+    weight: torch.Tensor, per_channel: bool, amax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] -> (e4m3 [N, K], fp32 scale [N] per channel or [1] per tensor); `amax` ([N, 1]
+    or one value) replaces W's own (a tensor-parallel shard, lab/quant/base.py weight_amax)."""
     from lab.kernels import quantize
 
     fn = quantize.quantize_fp8_per_token_ref if per_channel else quantize.quantize_fp8_per_tensor_ref
-    q, scale = fn(weight)
+    q, scale = fn(weight, amax)
     return q.contiguous(), scale.reshape(-1).contiguous()
 
 
@@ -60,8 +63,9 @@ class Fp8OnlineLinearMethod(Fp8Matmul, OnlineQuantMethod):
         OnlineQuantMethod.__init__(self, ops)
         self.per_channel, self.per_token = per_channel, per_token
 
-    def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        q, scale = quantize_fp8_weight(weight, self.per_channel)
+    def quantize(self, weight: torch.Tensor, layer) -> dict[str, torch.Tensor]:
+        amax = weight_amax(layer, weight, self.per_channel)
+        q, scale = quantize_fp8_weight(weight, self.per_channel, amax)
         return {"weight": q, "weight_scale": scale}
 
 
@@ -85,17 +89,22 @@ class Fp8CheckpointLinearMethod(Fp8Matmul, OnlineQuantMethod):
 
 def load_shard_scale(layer: Linear, param: nn.Parameter, loaded: torch.Tensor,
                      shard_id: int | str | None = None) -> None:
-    """Write a checkpoint scale (scalar / [1] per tensor, [n] / [n, 1] per channel) into the rows
-    of shard `shard_id` of the per-channel scale (None: the whole layer)."""
-    start, size = 0, param.shape[0]
-    if shard_id is not None:
-        idx = layer.shard_index(shard_id)
-        start, size = sum(layer.output_sizes[:idx]), layer.output_sizes[idx]
+    """Write a checkpoint scale (scalar / [1] per tensor, [n] / [n, 1] per channel, n the
+    unsharded rows) into this rank's rows of shard `shard_id` of the per-channel scale (None:
+    the whole layer). Per-channel values follow their rows (a column-parallel rank takes its
+    slice, the same rows as its weight's); a scalar fills every row."""
+    shards = range(len(layer.output_sizes)) if shard_id is None else [layer.shard_index(shard_id)]
+    size = sum(layer.output_sizes[i] for i in shards)
     flat = loaded.reshape(-1).float()
     if flat.numel() not in (1, size):
         raise ValueError(f"weight_scale: expected 1 or {size} values, found shape {tuple(loaded.shape)}")
-    with torch.no_grad():
-        param.data.narrow(0, start, size).copy_(flat.expand(size) if flat.numel() == 1 else flat)
+    offset = 0
+    for idx in shards:
+        start, first, rows = layer.shard_rows(idx)
+        values = flat.expand(rows) if flat.numel() == 1 else flat[offset + first: offset + first + rows]
+        with torch.no_grad():
+            param.data.narrow(0, start, rows).copy_(values)
+        offset += layer.output_sizes[idx]
 
 
 class Fp8Config(QuantConfig):
@@ -142,7 +151,7 @@ class Fp8Config(QuantConfig):
         if self.serialized:
             raise ValueError(f"{prefix}: MoE experts of an fp8 checkpoint are not supported "
                              "(only dense checkpoints get 8-bit experts with quant=fp8)")
-        return lambda w: quantize_fp8_weight(w, per_channel=True)
+        return lambda w, amax=None: quantize_fp8_weight(w, per_channel=True, amax=amax)
 
     def __repr__(self) -> str:
         return (f"Fp8Config(weight_scheme={self.weight_scheme}, activation_scheme="

@@ -13,22 +13,25 @@ from __future__ import annotations
 import torch
 
 from lab.layers.linear import Linear
-from lab.quant.base import OnlineQuantMethod, QuantConfig, QuantMethod
+from lab.quant.base import OnlineQuantMethod, QuantConfig, QuantMethod, weight_amax
 
 
-def quantize_int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [N, K] -> (int8 [N, K], fp32 scale [N]) with W ~= q * scale[:, None]."""
+def quantize_int8_per_channel(
+    weight: torch.Tensor, amax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] -> (int8 [N, K], fp32 scale [N]) with W ~= q * scale[:, None]; `amax` [N, 1]
+    replaces the rows' own maxima (a shard of rows that span ranks)."""
     from lab.kernels.quantize import quantize_int8_per_token_ref
 
-    q, scale = quantize_int8_per_token_ref(weight)  # per row of W = per output channel
+    q, scale = quantize_int8_per_token_ref(weight, amax)  # per row of W = per output channel
     return q.contiguous(), scale.reshape(-1).contiguous()
 
 
 class Int8LinearMethod(OnlineQuantMethod):
     """Per-channel int8 weights, per-token int8 activations."""
 
-    def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        q, scale = quantize_int8_per_channel(weight)
+    def quantize(self, weight: torch.Tensor, layer) -> dict[str, torch.Tensor]:
+        q, scale = quantize_int8_per_channel(weight, weight_amax(layer, weight, per_channel=True))
         return {"weight": q, "weight_scale": scale}
 
     def matmul(self, layer, x: torch.Tensor) -> torch.Tensor:

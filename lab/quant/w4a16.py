@@ -10,7 +10,8 @@ Online only: a dense checkpoint is quantized at load. GPTQ / AWQ packed checkpoi
 loaded (their int32 packing, act-order permutations and transposed layouts differ from this
 one): such a checkpoint is refused by its quantization_config. Every linear's input size must be
 a multiple of G (a layer that is not is refused by name; on the tiny models, hidden 64, use
-quant.group_size=32 or 64).
+quant.group_size=32 or 64); under tensor parallelism that is each rank's input columns (a
+row-parallel layer splits K), so groups never span ranks and the scales equal TP=1's.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class W4A16LinearMethod(OnlineQuantMethod):
         super().__init__(ops)
         self.group_size, self.symmetric = group_size, symmetric
 
-    def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    def quantize(self, weight: torch.Tensor, layer) -> dict[str, torch.Tensor]:
+        """Groups lie within one rank's columns (method_for checks it): no reduction needed."""
         from lab.kernels.w4a16_gemm import quantize_w4
 
         packed, scales, zeros = quantize_w4(weight, self.group_size, self.symmetric)
@@ -54,7 +56,7 @@ class W4A16Config(QuantConfig):
         self.group_size, self.symmetric = int(group_size), bool(symmetric)
 
     def method_for(self, prefix: str, layer: Linear) -> QuantMethod | None:
-        check_group_size(prefix, layer.input_size, self.group_size)
+        check_group_size(prefix, layer.input_size_per_partition, self.group_size, layer.tp_size)
         return W4A16LinearMethod(self.ops, self.group_size, self.symmetric)
 
     def __repr__(self) -> str:
