@@ -1,0 +1,58 @@
+"""Functions run on each rank of a RankPool(2) by test_tp_models.py (importable by name there):
+a tiny checkpoint loaded with tp=2 on every rank, one prefill step through the torch attention
+backend's paged cache, logits on the TP group's rank 0 (None on the other); rank 0 also runs
+the same step on the TP=1 model for the test to compare."""
+
+from __future__ import annotations
+
+import torch
+
+from lab.attention.base import AttentionInputs
+from lab.attention.torch_backend import TorchAttentionBackend
+from lab.models.loader import load_model
+
+PROMPT = [0, 5, 17, 300, 42, 7, 99, 511, 2, 77, 130]
+
+
+def prefill_logits(model, backend, ids: list[int], block_size: int = 4) -> torch.Tensor | None:
+    """compute_logits of one sequence's single prefill step (blocks in reverse order; block 0
+    unused) through the paged KV cache shaped by this rank's attention spec."""
+    t, nblk = len(ids), -(-len(ids) // block_size)
+    kv_spec = backend.kv_cache_spec(model.attention_spec, block_size, torch.float32)
+    caches = backend.allocate_kv_cache(kv_spec, nblk + 1, model.num_layers,
+                                       torch.device("cpu")).layers
+    table = list(range(nblk, 0, -1))
+    slots = [table[p // block_size] * block_size + p % block_size for p in range(t)]
+    inputs = AttentionInputs(
+        query_start_loc=torch.tensor([0, t], dtype=torch.int32),
+        seq_lens=torch.tensor([t], dtype=torch.int32),
+        num_computed_tokens=torch.tensor([0], dtype=torch.int32),
+        block_table=torch.tensor([table], dtype=torch.int32), slot_mapping=torch.tensor(slots),
+        num_reqs=1, num_actual_tokens=t, max_query_len=t, max_seq_len=t, block_size=block_size,
+        query_lens_cpu=[t], seq_lens_cpu=[t])
+    with torch.no_grad():
+        hidden = model(torch.tensor(ids), torch.arange(t), caches, backend.build_metadata(inputs))
+        return model.compute_logits(hidden)
+
+
+def tp_and_tp1_logits(state, path: str, expert_parallel: bool = False,
+                      quant: str | None = None) -> dict:
+    """This rank's TP logits (None off rank 0), its attention spec, and (rank 0) TP=1's logits;
+    quant: None (dense) or "int8" (every linear W8A8, experts int8; rank 0 then also returns
+    the dense TP=1 logits)."""
+    from lab.quant.int8 import Int8Config
+
+    backend = TorchAttentionBackend()
+    make_quant = (lambda: Int8Config()) if quant == "int8" else (lambda: None)
+    model, _ = load_model(path, backend, torch.float32, "cpu", quant=make_quant(), tp=state.tp,
+                          expert_parallel=expert_parallel)
+    out = {"logits": prefill_logits(model, backend, PROMPT),
+           "spec": (model.attention_spec.num_heads, model.attention_spec.num_kv_heads,
+                    model.attention_spec.head_dim)}
+    if state.tp.is_first_rank:
+        ref, _ = load_model(path, backend, torch.float32, "cpu", quant=make_quant())
+        out["ref"] = prefill_logits(ref, backend, PROMPT)
+        if quant is not None:
+            dense, _ = load_model(path, backend, torch.float32, "cpu")
+            out["dense"] = prefill_logits(dense, backend, PROMPT)
+    return out
