@@ -11,7 +11,7 @@ Two bases (config group = package = base class):
 
 Flow (lab/models/loader.py `load_model`):
 
-    model = cls(hf_config, backend, ops)          # every Linear starts unquantized
+    model = cls(hf_config, backend, ops, tp)      # every Linear starts unquantized
     quant = quant.bind(hf_config, ops)            # a copy: the kernels + the checkpoint's check
     quant.quantize_model(model)                   # Linear.set_quant_method(method_for(name, layer))
     model.load_weights(...)                       # params (and per-shard scales) filled
@@ -24,6 +24,12 @@ dtype (they are not `Linear`s); a model names the linears that must stay dense i
 expert and output channel (the method's weight dtype: int8 or fp8; activations stay in the model
 dtype; the fused MoE kernel dequantizes in registers) where the method has an expert quantizer,
 `refuse` raises, `dense` keeps them in the model dtype and logs it.
+
+Tensor parallelism: a method creates and quantizes this rank's shard of each weight. A scale
+whose span crosses ranks (a row-parallel layer's per-channel rows, any per-tensor scale of a
+sharded layer, tensor-parallel experts' w2 rows) takes its amax all-reduced (max) over the TP
+group (`weight_amax`), so every scale equals the unsharded model's; fp8 checkpoint scales are
+sliced with their rows (lab/quant/fp8.py `load_shard_scale`).
 """
 
 from __future__ import annotations
