@@ -28,8 +28,14 @@ checkpoint holds the unsharded HF tensors; each weight loader narrows them to th
 
     attention / MLP:  x --[Column / QKV: heads of rank r]--> local heads --[Row]--> all-reduce --> y
 
-The weight loaders tell the dimensions apart by rank: a 2-D parameter is [out, in], a 1-D one
-[out] (bias, per-channel scales with their own loaders).
+Example, gate_up [2I, H] and down [H, I] at tp=2 (I' = I/2):
+
+    checkpoint gate [I, H], up [I, H]        rank 0 gate_up [2I', H]      rank 1 gate_up [2I', H]
+                                             | gate[0:I']  | up[0:I']  |  | gate[I':I] | up[I':I] |
+    checkpoint down [H, I]                   rank 0 down [H, I'] = down[:, 0:I'],  rank 1 [:, I':I]
+
+The weight loaders tell the dimensions apart by their number: a 2-D parameter is [out, in], a
+1-D one [out] (bias; per-channel scales come with their own loaders).
 """
 
 from __future__ import annotations
