@@ -65,7 +65,9 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests()
 
     def shutdown(self) -> None:
-        """Nothing to release in-process (an mp client stops its core process here)."""
+        """Release the executor's workers (rank processes, actors); an mp client stops its core
+        process here, which calls this one."""
+        self.executor.shutdown()
 
     #: the methods a client may run by name (`call_utility`; over ZMQ for a core process),
     #: with the type of their result (a remote client converts the plain data back to it)

@@ -70,7 +70,10 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready) -> None
     ready.send(("ready", info))
     ready.close()
     watch_parent()
-    EngineCoreProc(core, input_addr, output_addr).run()
+    try:
+        EngineCoreProc(core, input_addr, output_addr).run()
+    finally:
+        core.shutdown()  # the executor's rank processes / actors end with the core
     # Every output is sent (run() closed the sockets and terminated their context). Tearing
     # down the interpreter (torch's modules, the model) would take ~1 CPU-s, and as long of
     # the frontend's shutdown(), which waits for this process: skip it.

@@ -22,6 +22,7 @@ from typing import Any
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from lab.distributed.config import BACKENDS
 from lab.engine.config import (
     declared_knobs,
     is_known_setting,
@@ -98,6 +99,12 @@ KNOBS: tuple[Knob, ...] = (
          "synchronous client) or async_mp (in its own process, asyncio client: lab serve's "
          "default)", lambda v: v in ("inproc", "mp", "async_mp")),
     Knob("dtype", ", ".join(DTYPE_NAMES), lambda v: str(v).lower() in DTYPE_NAMES),
+    Knob("tensor_parallel_size", "an integer >= 1 (ranks each layer is split over; > 1 with "
+         "executor=multiproc or executor=ray)", _int_at_least(1)),
+    Knob("expert_parallel", "true or false (MoE: whole experts per rank)",
+         lambda v: isinstance(v, bool)),
+    Knob("distributed_backend", f"one of {', '.join(BACKENDS)} (auto: nccl on CUDA, gloo on "
+         "CPU)", lambda v: v in BACKENDS),
     Knob("slo.ttft_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
     Knob("slo.tpot_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
     Knob("slo.e2e_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
@@ -114,9 +121,20 @@ def validate_config(cfg: DictConfig) -> None:
         if not knob.ok(value):
             raise ValueError(f"{knob.name}={_show(value)} is invalid: must be {knob.allowed}")
     get_class(cfg.attention._target_).check_block_size(cfg.block_size)
+    check_parallel_executor(cfg)
     from lab.worker.worker import resolve_device  # torch and the model code: imported late
 
     resolve_device(cfg.device)
+
+
+def check_parallel_executor(cfg: DictConfig) -> None:
+    """tensor_parallel_size > 1 only with an executor that runs one worker per rank."""
+    tp = cfg.tensor_parallel_size
+    executor = get_class(cfg.executor._target_)
+    if tp > 1 and not executor.supports_tensor_parallel:
+        raise ValueError(f"tensor_parallel_size={tp} is invalid with {executor.__name__}, which "
+                         "runs one worker in one process: use executor=multiproc (one process "
+                         "per rank on this machine) or executor=ray (one actor per rank)")
 
 
 def check_known_keys(cfg: DictConfig) -> None:

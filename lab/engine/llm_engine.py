@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from lab.cache.hashing import make_block_hasher
 from lab.clock import Clock
+from lab.distributed.config import ParallelConfig
 from lab.engine.core import EngineCore
 from lab.engine.knobs import validate_config
 from lab.engine.output_processor import OutputProcessor
@@ -329,7 +330,10 @@ def worker_config(cfg: DictConfig) -> WorkerConfig:
         dtype=cfg.dtype, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed,
         kv_cache_dtype=cfg.cache.get("dtype", "auto"),
-        logits_processors=logits_processor_factories(cfg))
+        logits_processors=logits_processor_factories(cfg),
+        parallel=ParallelConfig(tensor_parallel_size=cfg.tensor_parallel_size,
+                                backend=cfg.distributed_backend),
+        expert_parallel=cfg.expert_parallel)
 
 
 def logits_processor_factories(cfg: DictConfig) -> tuple:

@@ -2,6 +2,9 @@
 
 The engine builds an executor from a `WorkerConfig` (`instantiate(cfg.executor)(config=...)`)
 and learns what it needs about the model only through `model_info()`; it never touches a worker.
+`collective_rpc(method, args, kwargs)` runs a Worker method on every rank (one for uniproc, one
+per rank for multiproc and ray) and `shutdown()` releases what the executor started; the engine
+calls it when it shuts down (EngineCore.shutdown), so it works the same over every executor.
 The executor also owns the engine's clock: wall time for real executors, a virtual clock that
 the simulator advances by each step's predicted duration.
 """
@@ -53,6 +56,9 @@ class Executor(ABC):
     clock: Clock = Clock()
     #: False for executors that launch no kernels (the simulator)
     runs_kernels: bool = True
+    #: whether it runs a model split over ranks (tensor_parallel_size > 1; knob validation
+    #: refuses it for executors that cannot)
+    supports_tensor_parallel: bool = False
 
     @abstractmethod
     def model_info(self) -> ModelInfo:
@@ -71,3 +77,14 @@ class Executor(ABC):
     @abstractmethod
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step."""
+
+    def collective_rpc(
+        self, method: str, args: tuple = (), kwargs: dict | None = None,
+    ) -> list[Any]:
+        """Run `Worker.<method>(*args, **kwargs)` on every rank; the results in rank order."""
+        raise NotImplementedError(f"{type(self).__name__} has no worker to call {method!r} on")
+
+    def shutdown(self) -> None:
+        """Release the worker(s) this executor started (processes, actors, process groups);
+        idempotent. Nothing to do in-process."""
+        return None

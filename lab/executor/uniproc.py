@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from lab.executor.base import Executor, ModelInfo
 from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from lab.worker.config import WorkerConfig
@@ -12,6 +14,11 @@ class UniprocExecutor(Executor):
     """Calls a single in-process Worker directly."""
 
     def __init__(self, config: WorkerConfig) -> None:
+        tp = config.parallel.tensor_parallel_size
+        if config.parallel.world_size > 1:
+            raise ValueError(f"executor=uniproc runs one worker in this process; "
+                             f"tensor_parallel_size={tp} needs one process per rank: "
+                             "executor=multiproc or executor=ray")
         self.worker = Worker(config)
 
     def model_info(self) -> ModelInfo:
@@ -27,3 +34,8 @@ class UniprocExecutor(Executor):
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(sched)
+
+    def collective_rpc(
+        self, method: str, args: tuple = (), kwargs: dict | None = None,
+    ) -> list[Any]:
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))]

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lab.distributed.config import ParallelConfig
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -28,3 +30,7 @@ class WorkerConfig:
     kv_cache_dtype: str = "auto"  # cache.dtype: auto (the model's) | fp8
     # conf/logits_processors: factories (Hydra partials) called with a LogitsProcessorContext
     logits_processors: tuple[Any, ...] = ()
+    # how the model is split over ranks (tensor_parallel_size, distributed_backend knobs);
+    # world size 1: one worker, no process group
+    parallel: ParallelConfig = ParallelConfig()
+    expert_parallel: bool = False  # MoE: whole experts per rank instead of a slice of each

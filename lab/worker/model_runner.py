@@ -9,6 +9,14 @@ index i is row i of the step's logits. The logits processors follow its changes 
 moved requests) through BatchUpdates and process the whole batch at once. Every scheduled request
 is sampled, a partial prefill too (its token is dropped and its seeded generator is not
 advanced), so the batch never has to be re-gathered for sampling.
+
+Tensor parallelism (`tp`, the worker's TP group): every rank runs the same steps on the same
+SchedulerOutputs and keeps the same request state and persistent batch. `compute_logits` is a
+collective, so every rank calls it for the same rows (sampling and prompt logprobs alike); only
+the group's first rank gets logits, samples (logits processors, logprobs, prompt logprobs) and
+fills the ModelRunnerOutput, then broadcasts the step's sampled ids (one int64 tensor) so the
+other ranks append the same tokens. Those return an empty ModelRunnerOutput. A group of one
+takes none of these detours.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import torch
 
 from lab.attention.base import AttentionBackend, KVCache, KVScales
 from lab.cache.block_table import BlockTable
+from lab.distributed.parallel_state import GroupCoordinator
 from lab.logits_processors.base import LogitsProcessor
 from lab.sampling.logprobs import LogprobsLists
 from lab.sampling.metadata import SamplingMetadata, make_generator
@@ -63,9 +72,12 @@ class ModelRunner:
     def __init__(
         self, model: torch.nn.Module, attn_backend: AttentionBackend, device: torch.device,
         block_size: int, max_num_reqs: int, max_model_len: int,
-        logits_processors: Sequence[LogitsProcessor] = (),
+        logits_processors: Sequence[LogitsProcessor] = (), tp: GroupCoordinator | None = None,
     ) -> None:
         self.model = model
+        self.tp = tp or GroupCoordinator.single()
+        # only the TP group's first rank samples: the others keep no processor state
+        self.samples = self.tp.is_first_rank
         self.attn_backend = attn_backend
         self.device = device
         self.block_size = block_size
@@ -78,7 +90,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.kv_scales: KVScales | None = None  # an fp8 cache's scales, calibrated on first write
         self.swapper: BlockSwapper | None = None
-        self.processors = list(logits_processors)
+        self.processors = list(logits_processors) if self.samples else []
         self.sampler = Sampler(self.processors)
 
     def initialize_cache(self, kv_cache: KVCache, swapper: BlockSwapper | None = None) -> None:
@@ -105,9 +117,12 @@ class ModelRunner:
         out = ModelRunnerOutput()
         self._prompt_logprobs(states, sched, batch, hidden, out)
         if batch.any_sampled:
-            self._sample(states, batch, self.model.compute_logits(hidden[batch.logits_indices]),
-                         out)
-        return out
+            logits = self.model.compute_logits(hidden[batch.logits_indices])
+            if self.samples:
+                self._sample(states, batch, logits, out)
+            else:
+                self._receive_sampled(states, batch)
+        return out if self.samples else ModelRunnerOutput()
 
     def _sample(
         self, states: list[CachedRequestState], batch: StepBatch, logits: torch.Tensor,
@@ -119,6 +134,7 @@ class ModelRunner:
             [s.params for s in states],
             [s.generator if ok else None for s, ok in zip(states, kept)], self.device)
         result = self.sampler.forward(logits, meta)
+        self.tp.broadcast(result.sampled)  # the other TP ranks append the same tokens
         tokens = result.sampled.tolist()
         for state, token, ok in zip(states, tokens, kept):
             if ok:
@@ -131,6 +147,15 @@ class ModelRunner:
                 processor.on_sampled(appended)
         if result.logprobs is not None:
             out.logprobs.update(_logprobs_of(states, kept, result.logprobs))
+
+    def _receive_sampled(self, states: list[CachedRequestState], batch: StepBatch) -> None:
+        """A TP rank that does not sample: the first rank's sampled ids of this step (one per
+        batch row), appended to the requests whose prompt is complete, as the first rank did."""
+        sampled = torch.empty(len(states), dtype=torch.int64, device=self.device)
+        tokens = self.tp.broadcast(sampled).tolist()
+        for state, token, ok in zip(states, tokens, batch.sampled.tolist()):
+            if ok:
+                self._append_token(state, token)
     def _swap(self, sched: SchedulerOutput) -> None:
         """Apply the step's KV block swaps (before anything this step writes the cache)."""
         if not (sched.swap_out or sched.swap_in):
@@ -241,12 +266,14 @@ class ModelRunner:
                 continue
             start = int(batch.token_starts[i]) + first - computed_before
             logits = self.model.compute_logits(hidden[start : start + last - first])
+            state.prompt_logprobs_done = last
+            if logits is None:  # a TP rank that does not sample took part in the collective
+                continue
             targets = torch.tensor(state.prompt_token_ids[first + 1 : last + 1],
                                    device=logits.device)
             lp = compute_logprobs(logits)
             k = lp.shape[-1] if k < 0 else min(k, lp.shape[-1])
             out.prompt_logprobs[state.req_id] = _to_lists(gather_logprobs(lp, k, targets))
-            state.prompt_logprobs_done = last
 
 
 def _logprobs_of(

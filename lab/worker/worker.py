@@ -1,4 +1,11 @@
-"""Worker: owns the device, the model and its KV cache; sizes the cache from memory."""
+"""Worker: owns the device, the model and its KV cache; sizes the cache from memory.
+
+One worker per rank: `Worker(config, rank, init_method)` joins the engine's process group when
+`config.parallel` has more than one rank (every rank's worker is built at once, by the
+multiproc or ray executor, with the same `init_method`), loads its shard of the model with its
+TP group, and sizes its KV cache from its own per-rank spec (its share of the KV heads). A world
+of one rank (executor=uniproc) builds no process group at all.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,12 @@ from pathlib import Path
 import torch
 
 from lab.attention.base import KVCacheSpec, kv_cache_torch_dtype
+from lab.distributed.parallel_state import (
+    ParallelState,
+    destroy_parallel_state,
+    init_parallel_state,
+    single_process_state,
+)
 from lab.executor.base import ModelInfo, eos_token_ids
 from lab.layers.ops import LayerOps
 from lab.logits_processors.base import LogitsProcessorContext
@@ -82,12 +95,25 @@ def cpu_kv_bytes(
     return min(blocks * bytes_per_block, int(CPU_AUTO_KV_CAP_GB * 2**30))
 
 
-class Worker:
-    """Loads the model on its device and runs steps through its ModelRunner."""
+def rank_device(device: str, rank: int, world_size: int) -> torch.device:
+    """The device of one rank: the CPU, or on CUDA (`auto`/`cuda` without an index) the GPU of
+    index rank modulo the visible GPUs; a world of one keeps `resolve_device`'s choice."""
+    dev = resolve_device(device)
+    if world_size == 1 or dev.type != "cuda" or dev.index is not None:
+        return dev
+    return torch.device("cuda", rank % torch.cuda.device_count())
 
-    def __init__(self, config: WorkerConfig) -> None:
+
+class Worker:
+    """Loads the model (its rank's shard) on its device and runs steps through its ModelRunner."""
+
+    def __init__(self, config: WorkerConfig, rank: int = 0, init_method: str | None = None) -> None:
         self.config = config
-        self.device = resolve_device(config.device)
+        self.rank = rank
+        self.device = rank_device(config.device, rank, config.parallel.world_size)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.state = self._join_group(init_method)
         self.kv_cache_dtype = config.kv_cache_dtype  # cache.dtype: auto (the model's) | fp8
         torch.manual_seed(config.seed)
         self.attn_backend = config.attention
@@ -103,13 +129,28 @@ class Worker:
         self._load(config.model_path, config.dtype, config.kernels)
         self.runner: ModelRunner | None = None
 
+    def _join_group(self, init_method: str | None) -> ParallelState:
+        """This rank's process groups (a state of one rank when the world has one)."""
+        parallel = self.config.parallel
+        if parallel.world_size == 1:
+            return single_process_state()
+        if init_method is None:
+            raise ValueError(f"a worker of a world of {parallel.world_size} ranks needs the "
+                             "group's init_method (the executor's rendezvous address)")
+        return init_parallel_state(parallel, self.rank, init_method, self.device)
+
+    def shutdown(self) -> None:
+        """Leave the process group (idempotent; nothing to do for a world of one)."""
+        destroy_parallel_state(self.state)
+
     def _load(self, model_path: Path, dtype: str, ops: LayerOps) -> None:
         from transformers import AutoConfig
 
         hf_config = AutoConfig.from_pretrained(model_path)
         self.dtype = resolve_dtype(dtype, hf_config, self.device)
         self.model, self.hf_config = load_model(
-            model_path, self.attn_backend, self.dtype, self.device, ops, self.quant)
+            model_path, self.attn_backend, self.dtype, self.device, ops, self.quant,
+            tp=self.state.tp, expert_parallel=self.config.expert_parallel)
         self.weight_bytes = weight_bytes(self.model)
         log.info("model weights: %.2f MiB (quant=%s)", self.weight_bytes / 2**20,
                  getattr(self.quant, "name", "none"))
@@ -125,7 +166,7 @@ class Worker:
 
     @property
     def bytes_per_block(self) -> int:
-        """KV bytes of one block across all layers."""
+        """KV bytes of one block across all layers (this rank's share of the heads)."""
         return self.kv_spec.page_bytes * self.model.num_layers
 
     def determine_num_blocks(self, sizing: CacheSizing) -> int:
@@ -170,7 +211,8 @@ class Worker:
 
     def _make_runner(self, num_blocks: int, max_model_len: int) -> ModelRunner:
         runner = ModelRunner(self.model, self.attn_backend, self.device, self.block_size,
-                             self.max_num_seqs, max_model_len, self._logits_processors())
+                             self.max_num_seqs, max_model_len, self._logits_processors(),
+                             tp=self.state.tp)
         runner.initialize_cache(self.attn_backend.allocate_kv_cache(
             self.kv_spec, num_blocks, self.model.num_layers, self.device))
         return runner

@@ -1,0 +1,262 @@
+"""`executor=multiproc`: one process per rank on this machine, rank 0 too (as vLLM's
+MultiprocExecutor), so the engine's process stays light.
+
+    engine process (this executor)                  rank r process (worker_main)
+    PUSH ipc://.../in-r   --pickle(call)-->        PULL   Worker(config, r, init_method)
+    PULL ipc://.../out    <--(rank, status, value)-- PUSH   runs getattr(worker, method)(...)
+
+A call is pickled once and the same bytes are pushed to every rank. `execute_model` answers
+from rank 0 only (the others return an empty output, nothing to send); `collective_rpc` from
+every rank. A rank that raises sends its error and the executor stops the group (see
+lab/executor/distributed.py); a rank that dies is seen by its process sentinel, checked every
+POLL_S while the executor waits, so the engine raises within a fraction of a second naming it.
+
+Ranks start through `mp_context(start_method)` (forkserver by default: torch and the model
+code are imported once in the fork server, each rank is a fork of it) and meet in one
+torch.distributed group at a TCP rendezvous on 127.0.0.1. No orphans: each rank watches the
+process that started it and exits the moment it is gone (an engine killed with SIGKILL
+included); `shutdown()` (the engine's, or the garbage collector's / interpreter exit's through
+a weakref finalizer) asks the ranks to exit, then kills what lingers.
+
+Inside an engine-core process (engine_client=mp, a daemonic process, which multiprocessing
+forbids to have children because it would leave them behind when it is terminated) the ranks
+are started with that rule lifted for the moment of the start: the ranks' own parent watch is
+what keeps them from outliving it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+import weakref
+from typing import Any
+
+import zmq
+
+from lab.distributed.launch import PRELOAD, mp_context, tcp_init_method
+from lab.executor.distributed import (
+    POLL_S,
+    STARTUP_TIMEOUT_S,
+    DistributedExecutor,
+    RankFailedError,
+    rank_failure,
+)
+from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from lab.worker.config import WorkerConfig
+
+RANK_PRELOAD = [*PRELOAD, "lab.worker.worker", "lab.executor.multiproc"]
+SHUTDOWN = b"shutdown"
+
+
+def rank_cpu_threads(world_size: int) -> int:
+    """torch threads of one CPU rank: this machine's cores shared out between the ranks."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // world_size)
+
+
+def worker_main(config: WorkerConfig, rank: int, init_method: str, input_addr: str,
+                output_addr: str) -> None:
+    """A rank's process: build its Worker, report ready (or the error), then run calls until
+    SHUTDOWN; exit at once (skipping the interpreter's teardown) when done or orphaned."""
+    from lab.engine.core_proc import watch_parent
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
+    watch_parent()
+    ctx = zmq.Context()
+    inputs, outputs = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    inputs.connect(input_addr)
+    outputs.connect(output_addr)
+    worker = _build_worker(config, rank, init_method, outputs)
+    if worker is not None:
+        _serve(worker, rank, inputs, outputs)
+        worker.shutdown()
+    inputs.close(linger=0)
+    outputs.close(linger=2000)
+    ctx.term()
+    os._exit(0)
+
+
+def _build_worker(config: WorkerConfig, rank: int, init_method: str, outputs):
+    import torch
+
+    from lab.worker.worker import Worker
+
+    try:
+        if config.device == "cpu" or not torch.cuda.is_available():
+            torch.set_num_threads(rank_cpu_threads(config.parallel.world_size))
+        worker = Worker(config, rank, init_method)
+    except BaseException as e:  # noqa: BLE001 - reported to the executor, which raises it
+        outputs.send(pickle.dumps((rank, "error", _describe(e))))
+        return None
+    outputs.send(pickle.dumps((rank, "ok", None)))
+    return worker
+
+
+def _serve(worker, rank: int, inputs, outputs) -> None:
+    """Run (method, args, kwargs, reply_all) calls; rank 0 always answers, the others when the
+    call wants every rank's result, and every rank when it raises."""
+    while (message := inputs.recv()) != SHUTDOWN:
+        method, args, kwargs, reply_all = pickle.loads(message)
+        try:
+            result = getattr(worker, method)(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - reported; the executor stops the group
+            outputs.send(pickle.dumps((rank, "error", _describe(e)), protocol=5))
+            continue
+        if reply_all or rank == 0:
+            outputs.send(pickle.dumps((rank, "ok", result), protocol=5))
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+
+
+@contextlib.contextmanager
+def children_allowed():
+    """Let a daemonic process (an engine-core process) start the rank processes (see the
+    module docstring: the ranks watch their parent, so none outlives it)."""
+    me = multiprocessing.current_process()
+    daemonic = me.daemon
+    if daemonic:
+        me.daemon = False
+    try:
+        yield
+    finally:
+        if daemonic:
+            me.daemon = True
+
+
+class RankProcesses:
+    """The rank processes and the sockets to them; knows who is alive. Closed by `close()`."""
+
+    def __init__(self, config: WorkerConfig, start_method: str) -> None:
+        self.dir = tempfile.mkdtemp(prefix="lab-ranks-")
+        self.ctx = zmq.Context()
+        self.output = self.ctx.socket(zmq.PULL)
+        self.output.bind(f"ipc://{self.dir}/out")
+        self.inputs, self.procs = [], []
+        ctx = mp_context(start_method, RANK_PRELOAD)
+        init_method = tcp_init_method()
+        with children_allowed():
+            for rank in range(config.parallel.world_size):
+                sock = self.ctx.socket(zmq.PUSH)
+                sock.bind(f"ipc://{self.dir}/in-{rank}")
+                proc = ctx.Process(target=worker_main, name=f"lab-worker-{rank}", daemon=True,
+                                   args=(config, rank, init_method, f"ipc://{self.dir}/in-{rank}",
+                                         f"ipc://{self.dir}/out"))
+                proc.start()
+                self.inputs.append(sock)
+                self.procs.append(proc)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def send(self, payload: bytes) -> None:
+        for sock in self.inputs:
+            sock.send(payload)
+
+    def dead_ranks(self, wait_s: float = 0.0) -> dict[int, str]:
+        """{rank: "(pid P) died with exit code C"} of the ranks that ended (waiting up to
+        `wait_s` for one to end)."""
+        if wait_s > 0:
+            multiprocessing.connection.wait([p.sentinel for p in self.procs], wait_s)
+        return {r: f"(pid {p.pid}) died with exit code {p.exitcode}"
+                for r, p in enumerate(self.procs) if not p.is_alive()}
+
+    def receive(self, timeout_s: float) -> tuple[int, str, Any] | None:
+        """The next (rank, status, value) message, or None after `timeout_s`."""
+        if not self.output.poll(int(timeout_s * 1000)):
+            return None
+        return pickle.loads(self.output.recv())
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """Ask every rank to exit, kill those still there after `grace_s`; idempotent."""
+        for sock in self.inputs:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.send(SHUTDOWN, flags=zmq.NOBLOCK)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL every rank still alive, then release the sockets (idempotent)."""
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self.procs:
+            proc.join(timeout=5)
+        for sock in [*self.inputs, self.output]:
+            sock.close(linger=0)
+        self.inputs, self.procs = [], []
+        self.ctx.term()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class MultiprocExecutor(DistributedExecutor):
+    """One worker process per rank on this machine (see the module docstring)."""
+
+    def __init__(self, config: WorkerConfig, start_method: str = "forkserver",
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        self.world_size = config.parallel.world_size
+        self.ranks = RankProcesses(config, start_method)
+        self._finalizer = weakref.finalize(self, self.ranks.kill)
+        self.failure: str | None = None
+        self._collect(set(range(self.world_size)), startup_timeout_s)  # every rank built
+
+    @property
+    def pids(self) -> list[int]:
+        """The rank processes' pids, in rank order."""
+        return self.ranks.pids
+
+    def collective_rpc(
+        self, method: str, args: tuple = (), kwargs: dict | None = None,
+    ) -> list[Any]:
+        self._send(method, args, kwargs, reply_all=True)
+        results = self._collect(set(range(self.world_size)))
+        return [results[r] for r in range(self.world_size)]
+
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        self._send("execute_model", (sched,), None, reply_all=False)
+        return self._collect({0})[0]
+
+    def _send(self, method: str, args: tuple, kwargs: dict | None, reply_all: bool) -> None:
+        if self.failure is not None:
+            raise RankFailedError(self.failure)
+        self.ranks.send(pickle.dumps((method, args, kwargs or {}, reply_all), protocol=5))
+
+    def _collect(self, ranks: set[int], timeout_s: float | None = None) -> dict[int, Any]:
+        """The answers of `ranks`, checking every POLL_S that every rank is alive; a rank's
+        error or death stops the group and raises RankFailedError naming it."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        results: dict[int, Any] = {}
+        while len(results) < len(ranks):
+            message = self.ranks.receive(POLL_S)
+            if message is not None:
+                rank, status, value = message
+                if status == "error":
+                    self._fail(rank, value, self.ranks.dead_ranks(wait_s=0.5))
+                results[rank] = value
+            elif dead := self.ranks.dead_ranks():
+                self._fail(min(dead), "", dead)
+            elif deadline is not None and time.monotonic() > deadline:
+                self._fail(min(ranks - set(results)), f"gave no answer in {timeout_s:.0f} s", {})
+        return results
+
+    def _fail(self, rank: int, what: str, dead: dict[int, str]) -> None:
+        self.failure = rank_failure(rank, what, dead)
+        self.ranks.kill()
+        raise RankFailedError(self.failure)
+
+    def shutdown(self) -> None:
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            self.ranks.close()
