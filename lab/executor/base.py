@@ -12,6 +12,7 @@ the simulator advances by each step's predicted duration.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,12 +80,21 @@ class Executor(ABC):
         """Run one step."""
 
     def collective_rpc(
-        self, method: str, args: tuple = (), kwargs: dict | None = None,
+        self, method: str | Callable, args: tuple = (), kwargs: dict | None = None,
     ) -> list[Any]:
-        """Run `Worker.<method>(*args, **kwargs)` on every rank; the results in rank order."""
+        """Run `Worker.<method>(*args, **kwargs)` on every rank (a callable: `method(worker,
+        *args, **kwargs)`; importable by name for executors whose ranks are processes); the
+        results in rank order."""
         raise NotImplementedError(f"{type(self).__name__} has no worker to call {method!r} on")
 
     def shutdown(self) -> None:
         """Release the worker(s) this executor started (processes, actors, process groups);
         idempotent. Nothing to do in-process."""
         return None
+
+
+def call_worker(worker: Any, method: str | Callable, args: tuple, kwargs: dict) -> Any:
+    """One rank's part of `collective_rpc`: a Worker method by name, or a function of it."""
+    if callable(method):
+        return method(worker, *args, **kwargs)
+    return getattr(worker, method)(*args, **kwargs)

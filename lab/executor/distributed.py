@@ -17,6 +17,7 @@ every later call raises it again at once.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lab.executor.base import Executor, ModelInfo
@@ -39,7 +40,7 @@ class DistributedExecutor(Executor):
 
     @abstractmethod
     def collective_rpc(
-        self, method: str, args: tuple = (), kwargs: dict | None = None,
+        self, method: str | Callable, args: tuple = (), kwargs: dict | None = None,
     ) -> list[Any]:
         """Run `Worker.<method>` on every rank; the results in rank order (RankFailedError
         naming the rank when one raises or dies)."""

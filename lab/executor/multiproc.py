@@ -37,11 +37,13 @@ import tempfile
 import time
 import traceback
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
 from lab.distributed.launch import PRELOAD, mp_context, tcp_init_method
+from lab.executor.base import call_worker
 from lab.executor.distributed import (
     POLL_S,
     STARTUP_TIMEOUT_S,
@@ -106,7 +108,7 @@ def _serve(worker, rank: int, inputs, outputs) -> None:
     while (message := inputs.recv()) != SHUTDOWN:
         method, args, kwargs, reply_all = pickle.loads(message)
         try:
-            result = getattr(worker, method)(*args, **kwargs)
+            result = call_worker(worker, method, args, kwargs)
         except BaseException as e:  # noqa: BLE001 - reported; the executor stops the group
             outputs.send(pickle.dumps((rank, "error", _describe(e)), protocol=5))
             continue
@@ -210,7 +212,14 @@ class MultiprocExecutor(DistributedExecutor):
         self.ranks = RankProcesses(config, start_method)
         self._finalizer = weakref.finalize(self, self.ranks.kill)
         self.failure: str | None = None
-        self._collect(set(range(self.world_size)), startup_timeout_s)  # every rank built
+        try:
+            self._collect(set(range(self.world_size)), startup_timeout_s)  # every rank built
+        except RankFailedError as e:
+            if "died" not in str(e):
+                raise
+            raise RankFailedError(f"{e} while starting; a script that starts an engine with "
+                                  "executor=multiproc must do so under `if __name__ == "
+                                  "'__main__':` (ranks re-import the main module)") from None
 
     @property
     def pids(self) -> list[int]:
@@ -218,7 +227,7 @@ class MultiprocExecutor(DistributedExecutor):
         return self.ranks.pids
 
     def collective_rpc(
-        self, method: str, args: tuple = (), kwargs: dict | None = None,
+        self, method: str | Callable, args: tuple = (), kwargs: dict | None = None,
     ) -> list[Any]:
         self._send(method, args, kwargs, reply_all=True)
         results = self._collect(set(range(self.world_size)))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from lab.executor.base import Executor, ModelInfo
+from lab.executor.base import Executor, ModelInfo, call_worker
 from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from lab.worker.config import WorkerConfig
 from lab.worker.worker import CacheSizing, Worker
@@ -36,6 +37,6 @@ class UniprocExecutor(Executor):
         return self.worker.execute_model(sched)
 
     def collective_rpc(
-        self, method: str, args: tuple = (), kwargs: dict | None = None,
+        self, method: str | Callable, args: tuple = (), kwargs: dict | None = None,
     ) -> list[Any]:
-        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+        return [call_worker(self.worker, method, args, kwargs or {})]

@@ -1,0 +1,155 @@
+"""executor=multiproc at tensor_parallel_size=2 (two forkserver rank processes, gloo on the CPU).
+
+Parity: per model one TP=2 engine runs the parity workload (tests/executor/tp_utils.py: chunked
+prefill, prefix hits and preemption in one run) and its greedy ids must equal transformers' (and
+so TP=1's, see the test). Quantized tiny_llama at TP=2 must equal its
+TP=1 ids. Then the executor's seams: collective_rpc, engine_client=mp with multiproc ranks under
+the core process, and failures — a rank that raises while rank 0 waits in a collective, a rank
+SIGKILLed mid-run: a RankFailedError naming rank 1 within seconds, every process gone.
+
+The TP=2 engines are kept for the module (`engines`), so the failure tests reuse two of them
+instead of starting ranks of their own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from lab import SamplingParams
+from lab.executor.distributed import RankFailedError
+from tests.engine.parity_utils import hf_greedy_outputs, parity_prompts
+from tests.executor import rank_fns
+from tests.executor.tp_utils import (
+    TP2,
+    assert_parity,
+    descendants,
+    ids_by_prompt,
+    make_llm,
+    parity_run,
+    wait_gone,
+)
+
+MODELS = ["tiny_llama", "tiny_qwen3", "tiny_qwen2", "tiny_llama_mqa", "tiny_deepseek"]
+MULTIPROC = TP2 | dict(executor="multiproc")
+
+
+@pytest.fixture(scope="module")
+def engines():
+    """get(model) -> the module's TP=2 multiproc LLM of that model (built on first use)."""
+    built = {}
+
+    def get(model: str):
+        if model not in built:
+            built[model] = make_llm(model, **MULTIPROC)
+        return built[model]
+
+    yield get
+    for llm in built.values():
+        llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_tp2_greedy_equals_tp1_and_transformers(engines, model):
+    """TP=2's ids equal transformers'; TP=1 (uniproc) gives transformers' ids on these prompts
+    with these knobs (tests/engine: the engine_client=mp parity runs use MP_KNOBS), so they
+    equal TP=1's too; tiny_llama runs TP=1 here as well, to say so in one place."""
+    tp2 = parity_run(engines(model))
+    assert_parity(tp2, hf_greedy_outputs(model))
+    if model == "tiny_llama":
+        tp1 = make_llm(model)  # uniproc, the same knobs
+        try:
+            assert ids_by_prompt(parity_run(tp1)) == ids_by_prompt(tp2)
+        finally:
+            tp1.engine.shutdown()
+
+
+# int8 / fp8 quantize activations per token on the fly; a row-parallel layer (o_proj,
+# down_proj) sees only its rank's slice of the token, so at TP=2 each rank's activation scale is
+# the amax of its half (TP=1: of the whole row), and the partial sums are added in another
+# order. Greedy ids then differ after a few tokens (measured on these 10 prompts: int8 differs
+# on 6, first at output 1..20; fp8 on 9, first at output 1..21); w4a16 (no activation
+# quantization) is equal. Strict xfails: an exact int8 / fp8 TP=2 turns them into failures.
+ACTIVATION_SCALES_PER_RANK = pytest.mark.xfail(
+    strict=True, reason="per-token activation scales are per rank slice in row-parallel layers")
+
+
+@pytest.mark.parametrize("method", [pytest.param("int8", marks=ACTIVATION_SCALES_PER_RANK),
+                                    pytest.param("fp8", marks=ACTIVATION_SCALES_PER_RANK),
+                                    "w4a16"])
+def test_quantized_tp2_equals_tp1(method):
+    knobs = dict(quant=method) | ({"quant.group_size": 32} if method == "w4a16" else {})
+    runs = {}
+    for tp, extra in ((1, {}), (2, MULTIPROC)):
+        llm = make_llm("tiny_llama", **(knobs | extra))
+        try:
+            runs[tp] = ids_by_prompt(parity_run(llm, ("default",)))
+        finally:
+            llm.engine.shutdown()
+    assert runs[2] == runs[1]
+
+
+def test_collective_rpc_reaches_every_rank(engines):
+    executor = engines("tiny_llama").engine.executor
+    ranks = executor.collective_rpc(rank_fns.rank_and_pid)
+    assert [r for r, _ in ranks] == [0, 1]
+    assert [pid for _, pid in ranks] == executor.pids
+    tp1 = make_llm("tiny_llama", num_gpu_blocks=None)
+    try:
+        info_tp1 = tp1.engine.executor.collective_rpc("model_info")
+    finally:
+        tp1.engine.shutdown()
+    infos = executor.collective_rpc("model_info")
+    assert len(infos) == 2 and infos[0].bytes_per_block == infos[1].bytes_per_block
+    # tiny_llama's KV heads are split: each rank caches half of them
+    assert 2 * infos[0].bytes_per_block == info_tp1[0].bytes_per_block
+
+
+def test_a_rank_that_raises_while_rank_0_waits_stops_the_group(engines):
+    llm = engines("tiny_llama")
+    pids = llm.engine.executor.pids
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError, match=r"rank 1 failed: ValueError: boom on rank 1"):
+        llm.engine.executor.collective_rpc(rank_fns.raise_on_rank_1_while_rank_0_waits)
+    assert time.monotonic() - t0 < 5
+    assert wait_gone(pids) == []
+    with pytest.raises(RankFailedError, match="rank 1"):  # every later call, at once
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
+
+
+def test_killed_rank_is_named_within_seconds_and_nothing_is_left(engines):
+    llm = engines("tiny_qwen2")
+    pids = llm.engine.executor.pids
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    llm.engine.add_request(parity_prompts("default")[3], params)
+    llm.engine.step()  # mid-run: the request is being decoded
+    os.kill(pids[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError, match=rf"rank 1 \(pid {pids[1]}\) died with exit code -9"):
+        while llm.engine.has_unfinished_requests():
+            llm.engine.step()
+    assert time.monotonic() - t0 < 5
+    assert wait_gone(pids) == []
+    llm.engine.step()  # the failed request's final output (finish reason error)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_engine_client_mp_runs_multiproc_ranks_under_the_core_process():
+    """The core process is daemonic (multiprocessing forbids it children): its ranks start all
+    the same, give the parity ids, and end with the engine."""
+    llm = make_llm("tiny_llama", engine_client="mp", **MULTIPROC)
+    try:
+        tree = descendants(llm.engine.core.proc.pid)
+        assert len(tree) >= 2  # the two ranks (and the fork server they are forked from)
+        assert_parity(parity_run(llm), hf_greedy_outputs("tiny_llama"))
+    finally:
+        llm.engine.shutdown()
+    assert wait_gone([llm.engine.core.proc.pid, *tree]) == []
+
+
+def test_uniproc_refuses_tensor_parallel():
+    with pytest.raises(ValueError, match=r"UniprocExecutor.*use executor=multiproc .* or "
+                       r"executor=ray"):
+        make_llm("tiny_llama", tensor_parallel_size=2)
