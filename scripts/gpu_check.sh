@@ -3,7 +3,8 @@
 #   1. installs the carried wheels (scripts/gpu_wheels.sh made them) without network,
 #   2. runs the CUDA correctness tests (pytest -m gpu: bf16/fp8 for every kernel, quant methods),
 #   3. times every kernel against its ceiling and PyTorch (python3 -m lab.bench.kernels),
-#   4. runs the end-to-end comparisons (python3 -m lab.bench.e2e): backends, quant methods.
+#   4. runs the end-to-end comparisons (python3 -m lab.bench.e2e): backends, quant methods,
+#   5. on a machine with 2+ GPUs: TP=2 (NCCL, executor=multiproc) correctness and TP=1 vs TP=2 e2e.
 # Output goes to $OUT (the device tool returns it) or experiments/results/gpu-<date>/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,4 +27,12 @@ python3 -m lab.bench.kernels 2>&1 | tail -40 > "$OUT/kernels.txt"
 python3 -m lab.bench.e2e 2>&1 | tail -6 > "$OUT/e2e.txt"
 python3 -m lab.bench.e2e --runs attention=triton_flash attention=triton_flash,quant=fp8 \
   attention=triton_flash,quant=int8 attention=triton_flash,quant=w4a16 2>&1 | tail -8 >> "$OUT/e2e.txt"
-cat "$OUT/machine.txt" "$OUT/gpu_tests.txt" "$OUT/e2e.txt" "$OUT/kernels.txt"
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$ngpu" -ge 2 ]; then
+  python3 -m pytest tests/executor -m gpu -q -p no:cacheprovider 2>&1 | tail -10 > "$OUT/tp.txt"
+  python3 -m lab.bench.e2e --runs attention=triton_flash \
+    attention=triton_flash,executor=multiproc,tensor_parallel_size=2 2>&1 | tail -6 >> "$OUT/tp.txt"
+else
+  echo "TP=1 vs TP=2 rows skipped: $ngpu GPU(s) here, they need 2" > "$OUT/tp.txt"
+fi
+cat "$OUT/machine.txt" "$OUT/gpu_tests.txt" "$OUT/e2e.txt" "$OUT/tp.txt" "$OUT/kernels.txt"
