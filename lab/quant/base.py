@@ -202,6 +202,23 @@ def weight_amax(layer: nn.Module, weight: torch.Tensor, per_channel: bool) -> to
     return amax
 
 
+def activation_amax(layer: nn.Module, x: torch.Tensor, per_token: bool) -> torch.Tensor | None:
+    """For a layer whose input is split over ranks (row-parallel under TP): the amax of the
+    whole activation, per token [M, 1] or per tensor [1], all-reduced (max) over the layer's TP
+    group, so the dynamic activation scales equal the unsharded layer's and each rank's int8 /
+    fp8 values are the unsharded ones' columns. None for every other layer: the quantize op
+    computes its own amax (one collective of M floats is what exactness costs here)."""
+    tp = getattr(layer, "tp", None)
+    if not getattr(layer, "shards_input", False) or tp is None or tp.world_size == 1:
+        return None
+    xf = x.detach().float().abs()
+    if per_token:
+        amax = xf.amax(dim=-1, keepdim=True) if xf.shape[-1] else xf.new_zeros(xf.shape[0], 1)
+    else:
+        amax = (xf.amax() if xf.numel() else xf.new_zeros(())).reshape(1)
+    return tp.all_reduce(amax.contiguous(), op="max")
+
+
 class ExpertWeightMethod:
     """Quantizes a FusedExperts' loaded w13 / w2 per expert and output channel (weights only).
 

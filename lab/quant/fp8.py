@@ -26,7 +26,13 @@ import torch
 from torch import nn
 
 from lab.layers.linear import Linear, UnquantizedLinearMethod
-from lab.quant.base import OnlineQuantMethod, QuantConfig, QuantMethod, weight_amax
+from lab.quant.base import (
+    OnlineQuantMethod,
+    QuantConfig,
+    QuantMethod,
+    activation_amax,
+    weight_amax,
+)
 
 FP8_DTYPE = torch.float8_e4m3fn
 WEIGHT_SCHEMES = ("per_channel", "per_tensor")
@@ -52,7 +58,15 @@ class Fp8Matmul:
     per_token = True
 
     def matmul(self, layer, x: torch.Tensor) -> torch.Tensor:
-        a_q, a_scale = self.ops.quantize_fp8(x, self.per_token)
+        amax = activation_amax(layer, x, self.per_token)
+        if amax is None:
+            a_q, a_scale = self.ops.quantize_fp8(x, self.per_token)
+        else:  # a row-parallel shard: the whole row's (tensor's) scale (see activation_amax)
+            from lab.kernels import quantize
+
+            ref = (quantize.quantize_fp8_per_token_ref if self.per_token
+                   else quantize.quantize_fp8_per_tensor_ref)
+            a_q, a_scale = ref(x, amax)
         return self.ops.fp8_gemm(a_q, a_scale, layer.weight, layer.weight_scale, layer.bias, x.dtype)
 
 

@@ -13,7 +13,13 @@ from __future__ import annotations
 import torch
 
 from lab.layers.linear import Linear
-from lab.quant.base import OnlineQuantMethod, QuantConfig, QuantMethod, weight_amax
+from lab.quant.base import (
+    OnlineQuantMethod,
+    QuantConfig,
+    QuantMethod,
+    activation_amax,
+    weight_amax,
+)
 
 
 def quantize_int8_per_channel(
@@ -35,7 +41,13 @@ class Int8LinearMethod(OnlineQuantMethod):
         return {"weight": q, "weight_scale": scale}
 
     def matmul(self, layer, x: torch.Tensor) -> torch.Tensor:
-        a_q, a_scale = self.ops.quantize_int8_per_token(x)
+        amax = activation_amax(layer, x, per_token=True)
+        if amax is None:
+            a_q, a_scale = self.ops.quantize_int8_per_token(x)
+        else:  # a row-parallel shard: the whole row's scale (see activation_amax)
+            from lab.kernels.quantize import quantize_int8_per_token_ref
+
+            a_q, a_scale = quantize_int8_per_token_ref(x, amax)
         return self.ops.int8_gemm(a_q, a_scale, layer.weight, layer.weight_scale, layer.bias, x.dtype)
 
 

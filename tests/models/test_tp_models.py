@@ -41,18 +41,18 @@ def test_tp2_logits_equal_tp1(pool, tiny_path, name, expert_parallel, spec):
 
 @pytest.mark.parametrize("name,expert_parallel", [("tiny_llama", False), ("tiny_deepseek", False),
                                                   ("tiny_deepseek", True)])
-def test_tp2_int8_logits_close_to_tp1(pool, tiny_path, name, expert_parallel):
-    """quant=int8 (experts too): weight scales equal TP=1's (lab/quant/base.py weight_amax), so
-    the logits differ only by the per-token activation rounding of the row-parallel slices:
-    TP=2 is as far from the dense model as TP=1 is, and closer to TP=1 than either to dense."""
+def test_tp2_int8_logits_equal_tp1(pool, tiny_path, name, expert_parallel):
+    """quant=int8 (experts too): weight scales (weight_amax) and activation scales
+    (activation_amax, lab/quant/base.py) equal TP=1's, so TP=2 gives TP=1's int8 logits up to
+    the order of fp32 sums (measured 2e-7 relative), far below the quantization error itself."""
     r0, _ = pool.run(fns.tp_and_tp1_logits, str(tiny_path(name)), expert_parallel, "int8")
 
     def rel(a, b):
         return ((a - b).norm() / b.norm()).item()
 
     quant_err = rel(r0["ref"], r0["dense"])  # TP=1 int8 against dense: ~4 % llama, ~20 % deepseek
-    assert rel(r0["logits"], r0["dense"]) < 1.25 * quant_err
-    assert rel(r0["logits"], r0["ref"]) < 0.6 * quant_err  # measured 0.45 llama, 0.3 deepseek
+    assert quant_err > 1e-2  # the comparison below would mean nothing for an unquantized model
+    assert rel(r0["logits"], r0["ref"]) < 1e-5
 
 
 def test_divisibility_is_refused_by_field(tiny_path):
