@@ -116,6 +116,11 @@ def _serve(worker, rank: int, inputs, outputs) -> None:
             outputs.send(pickle.dumps((rank, "ok", result), protocol=5))
 
 
+def encode_call(method: str | Callable, args: tuple, kwargs: dict | None, reply_all: bool) -> bytes:
+    """One call as the bytes pushed to every rank (pickled once; `_serve` loads them)."""
+    return pickle.dumps((method, args, kwargs or {}, reply_all), protocol=5)
+
+
 def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
 
@@ -240,7 +245,7 @@ class MultiprocExecutor(DistributedExecutor):
     def _send(self, method: str, args: tuple, kwargs: dict | None, reply_all: bool) -> None:
         if self.failure is not None:
             raise RankFailedError(self.failure)
-        self.ranks.send(pickle.dumps((method, args, kwargs or {}, reply_all), protocol=5))
+        self.ranks.send(encode_call(method, args, kwargs, reply_all))
 
     def _collect(self, ranks: set[int], timeout_s: float | None = None) -> dict[int, Any]:
         """The answers of `ranks`, checking every POLL_S that every rank is alive; a rank's
