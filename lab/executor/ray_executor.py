@@ -97,6 +97,7 @@ class RayExecutor(DistributedExecutor):
 
     def __init__(self, config: WorkerConfig, address: str | None = None,
                  placement_strategy: str = "STRICT_PACK", num_cpus: int | None = None,
+                 placement_timeout_s: float = 120.0,
                  startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         if placement_strategy not in PLACEMENT_STRATEGIES:
             raise ValueError(f"executor.placement_strategy={placement_strategy!r}: use one of "
@@ -107,21 +108,31 @@ class RayExecutor(DistributedExecutor):
         self.actors: list = []
         self.pg = None
         connect_ray(self.ray, address, num_cpus or max(self.world_size, os.cpu_count() or 1))
-        self._start_actors(config, placement_strategy, startup_timeout_s)
+        self._place(config, placement_strategy, placement_timeout_s)
+        self._start_actors(config, startup_timeout_s)
 
-    def _start_actors(self, config: WorkerConfig, strategy: str, timeout_s: float) -> None:
+    def _place(self, config: WorkerConfig, strategy: str, timeout_s: float) -> None:
+        """Reserve one bundle per rank (RuntimeError naming what the cluster has when they
+        cannot be placed in `timeout_s`: other engines' groups hold their bundles until they
+        shut down)."""
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        on_gpu = config.device != "cpu" and _cuda_available()
-        resource = {"GPU": 1} if on_gpu else {"CPU": 1}
+        self.on_gpu = config.device != "cpu" and _cuda_available()
+        resource = {"GPU": 1} if self.on_gpu else {"CPU": 1}
         self.pg = placement_group([resource] * self.world_size, strategy=strategy)
         ready, _ = self.ray.wait([self.pg.ready()], timeout=timeout_s)
         if not ready:
             self.shutdown()
             raise RuntimeError(f"Ray could not place {self.world_size} bundles of {resource} "
                                f"({strategy}) in {timeout_s:.0f} s: the cluster has "
-                               f"{self.ray.cluster_resources()}")
+                               f"{self.ray.cluster_resources()}, of which "
+                               f"{self.ray.available_resources()} are free")
+
+    def _start_actors(self, config: WorkerConfig, timeout_s: float) -> None:
+        """One actor per bundle; rank 0's node and a free port there make the rendezvous."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        on_gpu = self.on_gpu
         actor_cls = self.ray.remote(RayWorker)
         for rank in range(self.world_size):
             self.actors.append(actor_cls.options(

@@ -1,0 +1,60 @@
+"""executor=ray at tensor_parallel_size=2 on a local Ray cluster started for this module (two
+logical CPUs, no dashboard): greedy parity with transformers for tiny_llama and tiny_deepseek over the
+parity workload (chunked prefill, prefix hits, preemption in one run), and an actor killed
+mid-run -> RankFailedError naming its rank. The engines are kept for the module; the kill test
+reuses tiny_llama's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from lab import SamplingParams  # noqa: E402
+from lab.executor.distributed import RankFailedError  # noqa: E402
+from tests.engine.parity_utils import hf_greedy_outputs, parity_prompts  # noqa: E402
+from tests.executor.tp_utils import TP2, assert_parity, make_llm, parity_run, wait_gone  # noqa: E402
+
+pytestmark = pytest.mark.ray
+# 4 logical CPUs: the module keeps two engines of two 1-CPU actors each
+RAY = TP2 | {"executor": "ray", "executor.num_cpus": 4}
+
+
+@pytest.fixture(scope="module")
+def engines():
+    """get(model) -> the module's TP=2 ray LLM of that model; Ray is shut down at the end."""
+    built = {}
+
+    def get(model: str):
+        if model not in built:
+            built[model] = make_llm(model, **RAY)
+        return built[model]
+
+    yield get
+    for llm in built.values():
+        llm.engine.shutdown()
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_deepseek"])
+def test_ray_tp2_greedy_equals_transformers(engines, model):
+    assert_parity(parity_run(engines(model)), hf_greedy_outputs(model))
+
+
+def test_killed_actor_is_named(engines):
+    llm = engines("tiny_llama")
+    pids = llm.engine.executor.pids
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    llm.engine.add_request(parity_prompts("default")[3], params)
+    llm.engine.step()
+    os.kill(pids[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError, match=r"rank 1 \(its Ray actor\) died"):
+        while llm.engine.has_unfinished_requests():
+            llm.engine.step()
+    assert time.monotonic() - t0 < 10
+    assert wait_gone(pids) == []
