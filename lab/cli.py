@@ -3,7 +3,7 @@
     lab serve [HYDRA OVERRIDES...] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
               [--run-dir DIR]            # logger=[console,jsonl,wandb] record the live steps
     lab run [run.py arguments...]              # python run.py ...
-    lab bench serve|throughput|ipc|overhead|kernels [arguments...]   # python -m lab.bench.<name>
+    lab bench serve|throughput|ipc|overhead|kernels|executor [args...]  # python -m lab.bench.<name>
 
 `lab serve` composes the engine config exactly as run.py and LLM do (compose_config with the
 overrides; no loggers unless `logger=...` is given), runs the engine core in its own process
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = ("serve", "throughput", "ipc", "overhead", "kernels")
+BENCHES = ("serve", "throughput", "ipc", "overhead", "kernels", "executor")
 ROOT = Path(__file__).resolve().parents[1]
 
 
