@@ -81,3 +81,16 @@ def test_ipc_bench_times_the_steps_an_inproc_core_returned():
                            (requests, EngineCoreRequest)):
         crossings = time_crossings(messages, kind, reps=2)
         assert all(c.nbytes > 0 and c.total_us > 0 for c in crossings)
+
+
+def test_executor_bench_runs(capsys):
+    """lab.bench.executor: every executor setting at one batch, and the broadcast rows."""
+    from lab.bench import executor
+
+    executor.main(["--model", "tiny_llama", "--batches", "2", "--input-len", "4",
+                   "--output-len", "6", "--reps", "5"])
+    out = capsys.readouterr().out
+    for name in executor.SETTINGS:
+        assert f"{name} " in out
+    rows = [line.split() for line in out.splitlines()[-2:]]
+    assert [row[:2] for row in rows] == [["2", "1"], ["2", "2"]]
