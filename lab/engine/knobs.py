@@ -121,20 +121,26 @@ def validate_config(cfg: DictConfig) -> None:
         if not knob.ok(value):
             raise ValueError(f"{knob.name}={_show(value)} is invalid: must be {knob.allowed}")
     get_class(cfg.attention._target_).check_block_size(cfg.block_size)
-    check_parallel_executor(cfg)
     from lab.worker.worker import resolve_device  # torch and the model code: imported late
 
     resolve_device(cfg.device)
+    check_parallel_executor(cfg)
 
 
 def check_parallel_executor(cfg: DictConfig) -> None:
-    """tensor_parallel_size > 1 only with an executor that runs one worker per rank."""
+    """tensor_parallel_size > 1 only with an executor that runs one worker per rank; NCCL only
+    on CUDA."""
     tp = cfg.tensor_parallel_size
     executor = get_class(cfg.executor._target_)
     if tp > 1 and not executor.supports_tensor_parallel:
         raise ValueError(f"tensor_parallel_size={tp} is invalid with {executor.__name__}, which "
                          "runs one worker in one process: use executor=multiproc (one process "
                          "per rank on this machine) or executor=ray (one actor per rank)")
+    from lab.worker.worker import resolve_device  # torch: imported late
+
+    if cfg.distributed_backend == "nccl" and resolve_device(cfg.device).type == "cpu":
+        raise ValueError(f"distributed_backend=nccl is invalid with device={cfg.device} (the "
+                         "CPU here): NCCL runs on CUDA only; use distributed_backend=gloo or auto")
 
 
 def check_known_keys(cfg: DictConfig) -> None:

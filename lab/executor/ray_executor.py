@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -105,8 +106,9 @@ class RayExecutor(DistributedExecutor):
         self.ray = import_ray()
         self.world_size = config.parallel.world_size
         self.failure: str | None = None
-        self.actors: list = []
-        self.pg = None
+        self.group = RayGroup(self.ray)
+        # an engine dropped without shutdown(): its actors end when it is collected (or at exit)
+        self._finalizer = weakref.finalize(self, self.group.release)
         connect_ray(self.ray, address, num_cpus or max(self.world_size, os.cpu_count() or 1))
         self._place(config, placement_strategy, placement_timeout_s)
         self._start_actors(config, startup_timeout_s)
@@ -119,8 +121,8 @@ class RayExecutor(DistributedExecutor):
 
         self.on_gpu = config.device != "cpu" and _cuda_available()
         resource = {"GPU": 1} if self.on_gpu else {"CPU": 1}
-        self.pg = placement_group([resource] * self.world_size, strategy=strategy)
-        ready, _ = self.ray.wait([self.pg.ready()], timeout=timeout_s)
+        self.group.pg = placement_group([resource] * self.world_size, strategy=strategy)
+        ready, _ = self.ray.wait([self.group.pg.ready()], timeout=timeout_s)
         if not ready:
             self.shutdown()
             raise RuntimeError(f"Ray could not place {self.world_size} bundles of {resource} "
@@ -135,31 +137,32 @@ class RayExecutor(DistributedExecutor):
         on_gpu = self.on_gpu
         actor_cls = self.ray.remote(RayWorker)
         for rank in range(self.world_size):
-            self.actors.append(actor_cls.options(
+            self.group.actors.append(actor_cls.options(
                 num_cpus=0 if on_gpu else 1, num_gpus=1 if on_gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self.pg, placement_group_bundle_index=rank)).remote(rank))
-        ip = self._wait([self.actors[0].node_ip.remote()], timeout_s)[0]  # rank 0's node
-        port = self._wait([self.actors[0].free_port.remote()], timeout_s)[0]
+                    self.group.pg, placement_group_bundle_index=rank)).remote(rank))
+        ip = self._wait([self.group.actors[0].node_ip.remote()], timeout_s)[0]  # rank 0's node
+        port = self._wait([self.group.actors[0].free_port.remote()], timeout_s)[0]
         init_method = f"tcp://{ip}:{port}"
-        self._wait([a.init_worker.remote(config, init_method) for a in self.actors], timeout_s)
+        self._wait([a.init_worker.remote(config, init_method) for a in self.group.actors],
+                   timeout_s)
 
     @property
     def pids(self) -> list[int]:
         """The actors' process ids, in rank order."""
-        return self._wait([a.pid.remote() for a in self.actors])
+        return self._wait([a.pid.remote() for a in self.group.actors])
 
     def collective_rpc(
         self, method: str | Callable, args: tuple = (), kwargs: dict | None = None,
     ) -> list[Any]:
         self._check()
         return self._wait([a.execute_method.remote(method, args, kwargs or {})
-                           for a in self.actors])
+                           for a in self.group.actors])
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         self._check()
         ref = self.ray.put(sched)  # serialized once; every actor reads the same object
-        return self._wait([a.execute_model.remote(ref) for a in self.actors])[0]
+        return self._wait([a.execute_model.remote(ref) for a in self.group.actors])[0]
 
     def _check(self) -> None:
         if self.failure is not None:
@@ -214,7 +217,22 @@ class RayExecutor(DistributedExecutor):
     def shutdown(self) -> None:
         """Kill the actors and remove the placement group (Ray itself stays up: other engines
         of this process may use it; a local cluster ends with the process)."""
+        self.group.release()
+
+
+class RayGroup:
+    """The actors and placement group of one executor; `release()` ends them (idempotent)."""
+
+    def __init__(self, ray) -> None:
+        self.ray = ray
+        self.actors: list = []
+        self.pg = None
+
+    def release(self) -> None:
         actors, self.actors = self.actors, []
+        if not self.ray.is_initialized():  # Ray already shut down (at exit): nothing is left
+            self.pg = None
+            return
         for actor in actors:
             self.ray.kill(actor)
         if self.pg is not None:

@@ -34,6 +34,12 @@ BAD = [  # (override, the allowed values the message states)
     ("slo.ttft_s=0", "seconds > 0"),
     ("slo.tpot_s=-0.1", "seconds > 0"),
     ("slo.e2e_s=soon", "seconds > 0"),
+    ("tensor_parallel_size=0", "integer >= 1"),
+    ("expert_parallel=2", "true or false"),
+    ("distributed_backend=mpi", "auto, gloo, nccl"),
+    # tensor parallelism needs an executor with one worker per rank; NCCL needs CUDA
+    ("tensor_parallel_size=2", "executor=multiproc"),
+    ("distributed_backend=nccl", "CUDA only"),
 ]
 
 
