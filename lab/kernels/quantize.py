@@ -186,7 +186,7 @@ def _row_amax(xf: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_int8_per_token_ref(
-    x: torch.Tensor, amax: torch.Tensor | None = None
+    x: torch.Tensor, *, amax: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`amax` [M, 1] replaces the rows' own maxima (a tensor-parallel shard quantized with the
     whole row's scale, lab/quant/base.py `weight_amax`)."""
@@ -197,7 +197,7 @@ def quantize_int8_per_token_ref(
 
 
 def quantize_fp8_per_token_ref(
-    x: torch.Tensor, amax: torch.Tensor | None = None
+    x: torch.Tensor, *, amax: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`amax` [M, 1]: as in quantize_int8_per_token_ref."""
     xf = x.float()
@@ -206,7 +206,7 @@ def quantize_fp8_per_token_ref(
 
 
 def quantize_fp8_per_tensor_ref(
-    x: torch.Tensor, amax: torch.Tensor | None = None
+    x: torch.Tensor, *, amax: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`amax` (one value) replaces the tensor's own maximum (see quantize_int8_per_token_ref)."""
     xf = x.float()

@@ -184,16 +184,20 @@ class QuantConfig:
         return f"{type(self).__name__}(experts={self.experts})"
 
 
+def abs_amax(t: torch.Tensor, per_row: bool) -> torch.Tensor:
+    """max |t| in fp32: of each row [M, 1], or of the whole tensor [1] (0 where empty)."""
+    a = t.detach().float().abs()
+    if per_row:
+        return a.amax(dim=-1, keepdim=True) if a.shape[-1] else a.new_zeros(a.shape[0], 1)
+    return (a.amax() if a.numel() else a.new_zeros(())).reshape(1)
+
+
 def weight_amax(layer: nn.Module, weight: torch.Tensor, per_channel: bool) -> torch.Tensor:
     """The amax a weight scale of `layer` spans, the unsharded layer's on every rank: per
     channel the row maxima [N, 1], per tensor one value [1], in fp32. A row spans ranks when
     the layer splits its input columns (row-parallel); the tensor, when it splits anything; such
     an amax is all-reduced (max) over the layer's TP group (`shards_input` / `shards_output`)."""
-    w = weight.detach().float().abs()
-    if per_channel:
-        amax = w.amax(dim=-1, keepdim=True) if w.shape[-1] else w.new_zeros(w.shape[0], 1)
-    else:
-        amax = (w.amax() if w.numel() else w.new_zeros(())).reshape(1)
+    amax = abs_amax(weight, per_channel)
     tp = getattr(layer, "tp", None)
     spans = getattr(layer, "shards_input", False) or (
         not per_channel and getattr(layer, "shards_output", False))
@@ -211,12 +215,7 @@ def activation_amax(layer: nn.Module, x: torch.Tensor, per_token: bool) -> torch
     tp = getattr(layer, "tp", None)
     if not getattr(layer, "shards_input", False) or tp is None or tp.world_size == 1:
         return None
-    xf = x.detach().float().abs()
-    if per_token:
-        amax = xf.amax(dim=-1, keepdim=True) if xf.shape[-1] else xf.new_zeros(xf.shape[0], 1)
-    else:
-        amax = (xf.amax() if xf.numel() else xf.new_zeros(())).reshape(1)
-    return tp.all_reduce(amax.contiguous(), op="max")
+    return tp.all_reduce(abs_amax(x, per_token), op="max")
 
 
 class ExpertWeightMethod:

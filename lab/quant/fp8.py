@@ -47,7 +47,7 @@ def quantize_fp8_weight(
     from lab.kernels import quantize
 
     fn = quantize.quantize_fp8_per_token_ref if per_channel else quantize.quantize_fp8_per_tensor_ref
-    q, scale = fn(weight, amax)
+    q, scale = fn(weight, amax=amax)
     return q.contiguous(), scale.reshape(-1).contiguous()
 
 
@@ -66,7 +66,7 @@ class Fp8Matmul:
 
             ref = (quantize.quantize_fp8_per_token_ref if self.per_token
                    else quantize.quantize_fp8_per_tensor_ref)
-            a_q, a_scale = ref(x, amax)
+            a_q, a_scale = ref(x, amax=amax)
         return self.ops.fp8_gemm(a_q, a_scale, layer.weight, layer.weight_scale, layer.bias, x.dtype)
 
 

@@ -29,7 +29,7 @@ def quantize_int8_per_channel(
     replaces the rows' own maxima (a shard of rows that span ranks)."""
     from lab.kernels.quantize import quantize_int8_per_token_ref
 
-    q, scale = quantize_int8_per_token_ref(weight, amax)  # per row of W = per output channel
+    q, scale = quantize_int8_per_token_ref(weight, amax=amax)  # per row of W = per output channel
     return q.contiguous(), scale.reshape(-1).contiguous()
 
 
@@ -47,7 +47,7 @@ class Int8LinearMethod(OnlineQuantMethod):
         else:  # a row-parallel shard: the whole row's scale (see activation_amax)
             from lab.kernels.quantize import quantize_int8_per_token_ref
 
-            a_q, a_scale = quantize_int8_per_token_ref(x, amax)
+            a_q, a_scale = quantize_int8_per_token_ref(x, amax=amax)
         return self.ops.int8_gemm(a_q, a_scale, layer.weight, layer.weight_scale, layer.bias, x.dtype)
 
 
