@@ -94,3 +94,4 @@ def test_executor_bench_runs(capsys):
         assert f"{name} " in out
     rows = [line.split() for line in out.splitlines()[-2:]]
     assert [row[:2] for row in rows] == [["2", "1"], ["2", "2"]]
+    assert all(float(row[4]) <= float(row[5]) for row in rows)  # one-way within the round trip
