@@ -145,3 +145,36 @@ def test_uniproc_refuses_tensor_parallel():
     with pytest.raises(ValueError, match=r"UniprocExecutor.*use executor=multiproc .* or "
                        r"executor=ray"):
         make_llm("tiny_llama", tensor_parallel_size=2)
+
+
+ENGINE_SCRIPT = """
+import time
+from lab import LLM
+
+if __name__ == "__main__":
+    llm = LLM("tiny_llama", executor="multiproc", tensor_parallel_size=2, device="cpu")
+    print(",".join(map(str, llm.engine.executor.pids)), flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_killed_engine_process_leaves_no_rank(tmp_path):
+    """SIGKILL the engine's process (no atexit, no shutdown): its ranks end within seconds
+    (each watches the process that started it) instead of lingering as orphans."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "engine.py"
+    script.write_text(ENGINE_SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    engine = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    try:
+        pids = [int(p) for p in engine.stdout.readline().split(",")]
+        assert len(pids) == 2
+        os.kill(engine.pid, signal.SIGKILL)
+        engine.wait(10)
+        assert wait_gone(pids) == []
+    finally:
+        engine.kill()
