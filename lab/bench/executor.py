@@ -27,6 +27,9 @@ Anchor (--peer-python, a venv with vLLM's CPU build): vLLM's multiprocess execut
 through a shared-memory ring (MessageQueue); lab/bench/vllm_mq_peer.py times it on the same
 terms, and both move a pickled bytes payload of each SchedulerOutput's size, so the transports
 compare on equal bytes (the objects themselves differ between the projects).
+
+Collectives: the median us of one all-reduce between the two ranks of a RankPool (gloo on the
+CPU), at 256 B, 16 KB and 1 MB: what each of a TP=2 step's collectives costs at least.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from pathlib import Path
 import zmq
 
 from lab import LLM, SamplingParams
-from lab.distributed.launch import mp_context
+from lab.distributed.launch import RankPool, mp_context
 from lab.executor.multiproc import encode_call
 from lab.models.tiny import preset_names
 
@@ -186,7 +189,28 @@ def run(args: argparse.Namespace) -> str:
              f"{args.output_len}): median execute_time, fastest of {args.repeat}",
              f"{'executor':<16} {'batch':>5} {'us/step':>12} {'vs uniproc':>12}", *rows, ""]
     lines += broadcast_table(scheds, args)
+    lines += ["", "one all-reduce (sum, fp32) between the 2 ranks of a RankPool, median us",
+              f"{'bytes':>9} {'us':>8}"]
+    with RankPool(2) as pool:
+        for numel in (64, 4096, 262144):
+            us = pool.run(allreduce_us, numel, args.reps)[0]
+            lines.append(f"{numel * 4:>9} {us:>8.0f}")
     return "\n".join(lines)
+
+
+def allreduce_us(state, numel: int, reps: int) -> float:
+    """On each rank of a RankPool: the median us of `reps` all-reduces of `numel` floats over
+    the TP group (after 20 untimed)."""
+    import torch
+
+    x = torch.ones(numel)
+    times = []
+    for i in range(reps + 20):
+        t0 = time.perf_counter()
+        state.tp.all_reduce(x)
+        if i >= 20:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
 
 
 def broadcast_table(scheds: dict, args: argparse.Namespace) -> list[str]:

@@ -92,6 +92,9 @@ def test_executor_bench_runs(capsys):
     out = capsys.readouterr().out
     for name in executor.SETTINGS:
         assert f"{name} " in out
-    rows = [line.split() for line in out.splitlines()[-2:]]
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("SchedulerOutput broadcast"))
+    rows = [line.split() for line in lines[head + 2 : head + 4]]
     assert [row[:2] for row in rows] == [["2", "1"], ["2", "2"]]
     assert all(float(row[4]) <= float(row[5]) for row in rows)  # one-way within the round trip
+    assert [line.split()[0] for line in lines[-3:]] == ["256", "16384", "1048576"]  # all-reduce
