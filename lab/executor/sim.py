@@ -179,6 +179,6 @@ def linear_weight_bytes(hf_config, quant, dtype_bytes: float) -> float:
 
 def gpu_kv_bytes(target: SimTarget, utilization: float, max_tokens: int, max_seqs: int) -> int:
     """What a GPU worker would leave for the KV cache: memory x utilization - weights - the
-    activations of a max-size step (Worker._profile_cuda_memory measures these)."""
+    activations of a max-size step (the worker's profile run measures these: lab/worker/memory.py)."""
     activations = target.model.activation_bytes(max_tokens, max_seqs, target.dtype_bytes)
     return int(target.device.memory_bytes * utilization - target.weight_bytes - activations)

@@ -30,6 +30,7 @@ from lab.quant.base import weight_bytes
 from lab.sampling.params import SamplingParams
 from lab.scheduler.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lab.worker.config import WorkerConfig
+from lab.worker.memory import CudaMemory, DeviceMemory, profile_memory
 from lab.worker.model_runner import ModelRunner
 from lab.worker.swap import BlockSwapper
 
@@ -107,12 +108,17 @@ def rank_device(device: str, rank: int, world_size: int) -> torch.device:
 class Worker:
     """Loads the model (its rank's shard) on its device and runs steps through its ModelRunner."""
 
-    def __init__(self, config: WorkerConfig, rank: int = 0, init_method: str | None = None) -> None:
+    def __init__(self, config: WorkerConfig, rank: int = 0, init_method: str | None = None,
+                 memory: DeviceMemory | None = None) -> None:
+        """`memory`: the device allocator the KV budget is profiled on (None: CudaMemory on
+        CUDA; a CPU sizes its cache from cpu_kv_cache_gb instead); tests pass a fake."""
         self.config = config
         self.rank = rank
         self.device = rank_device(config.device, rank, config.parallel.world_size)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        self.memory = memory if memory is not None else (
+            CudaMemory(self.device) if self.device.type == "cuda" else None)
         self.state = self._join_group(init_method)
         self.kv_cache_dtype = config.kv_cache_dtype  # cache.dtype: auto (the model's) | fp8
         torch.manual_seed(config.seed)
@@ -172,33 +178,27 @@ class Worker:
     def determine_num_blocks(self, sizing: CacheSizing) -> int:
         if sizing.num_gpu_blocks is not None:
             return sizing.num_gpu_blocks
-        if self.device.type == "cuda":
-            available = self._profile_cuda_memory(sizing.gpu_memory_utilization)
+        budget = ""
+        if self.memory is not None:
+            profile = profile_memory(
+                self.memory, lambda: self._dummy_forward(self.max_num_batched_tokens))
+            available = profile.kv_cache_bytes(sizing.gpu_memory_utilization)
+            budget = f" = {profile.describe(sizing.gpu_memory_utilization)}"
+            log.info("KV cache budget: %.2f GiB%s", available / 2**30, budget)
         else:
             available = self._cpu_kv_bytes(sizing.cpu_kv_cache_gb)
         num_blocks = available // self.bytes_per_block
         if num_blocks < 2:
             fix = ("lower max_num_batched_tokens or raise gpu_memory_utilization"
-                   if self.device.type == "cuda" else "raise cpu_kv_cache_gb")
+                   if self.memory is not None else "raise cpu_kv_cache_gb")
             raise RuntimeError(
-                f"no memory left for the KV cache ({available / 2**30:.4f} GiB available, "
-                f"{self.bytes_per_block} bytes per block, 2 blocks at least); {fix}"
+                f"no memory left for the KV cache ({available / 2**30:.4f} GiB available"
+                f"{budget}; {self.bytes_per_block} bytes per block, 2 blocks at least); {fix}"
             )
         return int(num_blocks)
 
     def _cpu_kv_bytes(self, cpu_kv_cache_gb: float | None) -> int:
         return cpu_kv_bytes(cpu_kv_cache_gb, self.hf_config, self.block_size, self.bytes_per_block)
-
-    def _profile_cuda_memory(self, utilization: float) -> int:
-        """Run a dummy max-size forward, measure the peak, and leave the rest for the cache."""
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self._dummy_forward(self.max_num_batched_tokens)
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        free, total = torch.cuda.mem_get_info(self.device)
-        used_outside_torch = total - free - torch.cuda.memory_reserved(self.device)
-        return int(total * utilization - peak - max(used_outside_torch, 0))
 
     def _dummy_forward(self, num_tokens: int) -> None:
         num_blocks = -(-num_tokens // self.block_size) + 1

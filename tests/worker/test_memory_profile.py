@@ -1,0 +1,96 @@
+"""The KV budget from a profile run (lab/worker/memory.py), on a CPU through a fake device
+memory: the worker runs one step of max_num_batched_tokens tokens between the peak reset and
+its reading, and gets (utilization x total - resident - activations - outside torch) / bytes per
+block blocks."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab.engine.config import compose_config
+from lab.engine.llm_engine import worker_config
+from lab.worker.memory import DeviceMemory, MemoryProfile
+from lab.worker.worker import CacheSizing, Worker
+
+MIB = 2**20
+
+
+class FakeMemory(DeviceMemory):
+    """A device whose allocator holds `resident` bytes and whose peak grows by `per_token`
+    bytes for every token of the forwards run since the last reset (counted by a hook)."""
+
+    def __init__(self, total: int, resident: int, per_token: int, outside: int) -> None:
+        self._total, self.resident, self.per_token, self.outside = total, resident, per_token, outside
+        self.tokens_since_reset: int | None = None
+        self.calls: list[str] = []
+
+    def watch(self, model) -> None:
+        model.register_forward_pre_hook(self._count)
+
+    def _count(self, module, args) -> None:
+        if self.tokens_since_reset is not None:
+            self.tokens_since_reset = max(self.tokens_since_reset, args[0].numel())
+
+    def total(self) -> int:
+        return self._total
+
+    def allocated(self) -> int:
+        self.calls.append("allocated")
+        return self.resident
+
+    def reset_peak(self) -> None:
+        self.calls.append("reset_peak")
+        self.tokens_since_reset = 0
+
+    def peak_allocated(self) -> int:
+        self.calls.append("peak_allocated")
+        return self.resident + self.per_token * (self.tokens_since_reset or 0)
+
+    def outside_torch(self) -> int:
+        return self.outside
+
+
+@pytest.fixture(scope="module")
+def config():
+    cfg = compose_config(["model=tiny_llama", "device=cpu", "max_num_batched_tokens=96",
+                          "dtype=float32"])
+    return worker_config(cfg)
+
+
+def make_worker(config, memory: FakeMemory) -> Worker:
+    worker = Worker(config, memory=memory)
+    memory.watch(worker.model)
+    return worker
+
+
+def test_blocks_follow_the_budget_of_a_max_size_step(config):
+    memory = FakeMemory(total=64 * MIB, resident=3 * MIB, per_token=20_000, outside=MIB)
+    worker = make_worker(config, memory)
+    blocks = worker.determine_num_blocks(CacheSizing(gpu_memory_utilization=0.5))
+    assert memory.tokens_since_reset == 96  # the profile step had max_num_batched_tokens tokens
+    assert memory.calls == ["allocated", "reset_peak", "peak_allocated"]
+    budget = int(0.5 * 64 * MIB - 3 * MIB - 96 * 20_000 - MIB)
+    assert blocks == budget // worker.bytes_per_block
+    profile = MemoryProfile(64 * MIB, 3 * MIB, 96 * 20_000, MIB)
+    assert profile.kv_cache_bytes(0.5) == budget
+    # graphs are one more term of the same budget
+    assert MemoryProfile(64 * MIB, 3 * MIB, 96 * 20_000, MIB, graphs=MIB).kv_cache_bytes(0.5) \
+        == budget - MIB
+
+
+def test_no_room_for_the_cache_names_the_budget_and_the_fix(config):
+    memory = FakeMemory(total=8 * MIB, resident=3 * MIB, per_token=20_000, outside=MIB)
+    worker = make_worker(config, memory)
+    with pytest.raises(RuntimeError, match=r"no memory left for the KV cache .*activations "
+                                           r".*lower max_num_batched_tokens or raise "
+                                           r"gpu_memory_utilization"):
+        worker.determine_num_blocks(CacheSizing(gpu_memory_utilization=0.5))
+    # an explicit block count skips the profile
+    assert worker.determine_num_blocks(CacheSizing(num_gpu_blocks=7)) == 7
+
+
+def test_a_cpu_worker_without_a_probe_sizes_from_cpu_kv_cache_gb(config):
+    worker = Worker(config)
+    assert worker.memory is None
+    blocks = worker.determine_num_blocks(CacheSizing(cpu_kv_cache_gb=0.001))
+    assert blocks == int(0.001 * 2**30) // worker.bytes_per_block
