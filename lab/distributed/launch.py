@@ -17,13 +17,30 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
+import os
 import socket
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 START_METHODS = ("forkserver", "spawn", "fork")
 PRELOAD = ["torch", "lab.distributed.parallel_state"]
+
+
+def watch_parent() -> None:
+    """End this process as soon as the process that started it is gone (killed, crashed, or
+    stopped without shutting its children down): an engine-core process or a rank that nobody
+    can reach must not linger."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(0)  # nothing to flush: the only reader of our outputs is gone
+
+    threading.Thread(target=watch, name="lab-parent-watch", daemon=True).start()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

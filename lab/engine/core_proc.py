@@ -20,8 +20,6 @@ notices (MPClient) and fails its callers.
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
 import queue
 import signal
@@ -34,6 +32,7 @@ import msgspec
 import zmq
 from omegaconf import OmegaConf
 
+from lab.distributed.launch import watch_parent
 from lab.engine.core import EngineCore
 from lab.engine.protocol import (
     EngineCoreOutput,
@@ -81,20 +80,6 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready) -> None
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def watch_parent() -> None:
-    """End this process as soon as the frontend that spawned it is gone (killed, crashed, or
-    stopped without shutting the engine down): a core nobody can reach must not linger."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        os._exit(0)  # nothing to flush: the only reader of our outputs is gone
-
-    threading.Thread(target=watch, name="lab-parent-watch", daemon=True).start()
 
 
 class EngineCoreProc:

@@ -130,12 +130,7 @@ def validate_config(cfg: DictConfig) -> None:
 def check_parallel_executor(cfg: DictConfig) -> None:
     """tensor_parallel_size > 1 only with an executor that runs one worker per rank; NCCL only
     on CUDA."""
-    tp = cfg.tensor_parallel_size
-    executor = get_class(cfg.executor._target_)
-    if tp > 1 and not executor.supports_tensor_parallel:
-        raise ValueError(f"tensor_parallel_size={tp} is invalid with {executor.__name__}, which "
-                         "runs one worker in one process: use executor=multiproc (one process "
-                         "per rank on this machine) or executor=ray (one actor per rank)")
+    get_class(cfg.executor._target_).check_tensor_parallel(cfg.tensor_parallel_size)
     from lab.worker.worker import resolve_device  # torch: imported late
 
     if cfg.distributed_backend == "nccl" and resolve_device(cfg.device).type == "cpu":

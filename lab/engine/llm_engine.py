@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from lab.models.tokenizer import load_tokenizer
 from lab.sampling.params import SamplingParams
 from lab.scheduler.scheduler import Scheduler, SchedulerConfig
 from lab.worker.config import WorkerConfig
-from lab.worker.worker import CacheSizing
+from lab.worker.worker import CacheSizing, usable_cpu_cores
 
 log = logging.getLogger(__name__)
 
@@ -312,8 +311,7 @@ def set_cpu_threads(knob: int | None, engine_client: str) -> None:
 
 
 def cpu_threads_for_server_core() -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) - 1)
+    return max(1, usable_cpu_cores() - 1)
 
 
 def uses_triton(wc: WorkerConfig) -> bool:

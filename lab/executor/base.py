@@ -61,6 +61,16 @@ class Executor(ABC):
     #: refuses it for executors that cannot)
     supports_tensor_parallel: bool = False
 
+    @classmethod
+    def check_tensor_parallel(cls, tensor_parallel_size: int) -> None:
+        """Refuse a split model this executor cannot run (ValueError naming the executors that
+        can); knob validation and the executor's constructor both ask."""
+        if tensor_parallel_size > 1 and not cls.supports_tensor_parallel:
+            raise ValueError(
+                f"tensor_parallel_size={tensor_parallel_size} is invalid with {cls.__name__}, "
+                "which runs one worker in one process: use executor=multiproc (one process per "
+                "rank on this machine) or executor=ray (one actor per rank)")
+
     @abstractmethod
     def model_info(self) -> ModelInfo:
         """The model's config, vocabulary, EOS, KV bytes per block and weight bytes."""

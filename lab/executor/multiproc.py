@@ -42,7 +42,7 @@ from typing import Any
 
 import zmq
 
-from lab.distributed.launch import PRELOAD, mp_context, tcp_init_method
+from lab.distributed.launch import PRELOAD, mp_context, tcp_init_method, watch_parent
 from lab.executor.base import call_worker
 from lab.executor.distributed import (
     POLL_S,
@@ -58,18 +58,10 @@ RANK_PRELOAD = [*PRELOAD, "lab.worker.worker", "lab.executor.multiproc"]
 SHUTDOWN = b"shutdown"
 
 
-def rank_cpu_threads(world_size: int) -> int:
-    """torch threads of one CPU rank: this machine's cores shared out between the ranks."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // world_size)
-
-
 def worker_main(config: WorkerConfig, rank: int, init_method: str, input_addr: str,
                 output_addr: str) -> None:
     """A rank's process: build its Worker, report ready (or the error), then run calls until
     SHUTDOWN; exit at once (skipping the interpreter's teardown) when done or orphaned."""
-    from lab.engine.core_proc import watch_parent
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
     watch_parent()
     ctx = zmq.Context()
@@ -87,14 +79,11 @@ def worker_main(config: WorkerConfig, rank: int, init_method: str, input_addr: s
 
 
 def _build_worker(config: WorkerConfig, rank: int, init_method: str, outputs):
-    import torch
+    from lab.worker.worker import Worker, usable_cpu_cores
 
-    from lab.worker.worker import Worker
-
-    try:
-        if config.device == "cpu" or not torch.cuda.is_available():
-            torch.set_num_threads(rank_cpu_threads(config.parallel.world_size))
-        worker = Worker(config, rank, init_method)
+    try:  # on a CPU the ranks share this machine's cores
+        threads = max(1, usable_cpu_cores() // config.parallel.world_size)
+        worker = Worker(config, rank, init_method, cpu_threads=threads)
     except BaseException as e:  # noqa: BLE001 - reported to the executor, which raises it
         outputs.send(pickle.dumps((rank, "error", _describe(e))))
         return None

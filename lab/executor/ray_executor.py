@@ -41,6 +41,7 @@ from lab.executor.distributed import (
 from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from lab.worker.config import WorkerConfig
 
+ACTOR_DIED = "(its Ray actor) died"
 PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -76,14 +77,11 @@ class RayWorker:
 
     def init_worker(self, config: WorkerConfig, init_method: str) -> None:
         import ray
-        import torch
 
         from lab.worker.worker import Worker
 
-        if config.device == "cpu" or not torch.cuda.is_available():
-            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
-            torch.set_num_threads(max(1, int(cpus)))
-        self.worker = Worker(config, self.rank, init_method)
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)  # on a CPU
+        self.worker = Worker(config, self.rank, init_method, cpu_threads=max(1, int(cpus)))
 
     def execute_method(self, method: str | Callable, args: tuple, kwargs: dict) -> Any:
         return call_worker(self.worker, method, args, kwargs)
@@ -119,7 +117,9 @@ class RayExecutor(DistributedExecutor):
         shut down)."""
         from ray.util.placement_group import placement_group
 
-        self.on_gpu = config.device != "cpu" and _cuda_available()
+        from lab.worker.worker import resolve_device
+
+        self.on_gpu = resolve_device(config.device).type == "cuda"
         resource = {"GPU": 1} if self.on_gpu else {"CPU": 1}
         self.group.pg = placement_group([resource] * self.world_size, strategy=strategy)
         ready, _ = self.ray.wait([self.group.pg.ready()], timeout=timeout_s)
@@ -177,22 +177,25 @@ class RayExecutor(DistributedExecutor):
         while pending:
             ready, pending = self.ray.wait(pending, num_returns=1, timeout=POLL_S)
             for ref in ready:
-                ok, value = self._get(ref)
-                if not ok:
-                    self._fail(index[ref], value, self._dead_among(pending, index))
+                status, value = self._get(ref)
+                if status != "ok":
+                    dead = self._dead_among(pending, index)
+                    if status == "died":
+                        dead[index[ref]] = ACTOR_DIED
+                    self._fail(index[ref], value, dead)
                 results[index[ref]] = value
             if not ready and deadline is not None and time.monotonic() > deadline:
                 self._fail(index[pending[0]], f"gave no answer in {timeout_s:.0f} s", {})
         return results
 
-    def _get(self, ref) -> tuple[bool, Any]:
-        """(True, value), or (False, "died ..." / the error) for a dead actor / a raised call."""
+    def _get(self, ref) -> tuple[str, Any]:
+        """("ok", value), ("died", why) for a dead actor, ("error", what) for a raised call."""
         try:
-            return True, self.ray.get(ref)
+            return "ok", self.ray.get(ref)
         except self.ray.exceptions.RayActorError as e:
-            return False, f"DIED: {e}"
+            return "died", str(e)
         except self.ray.exceptions.RayError as e:
-            return False, f"{type(e).__name__}: {e}"
+            return "error", f"{type(e).__name__}: {e}"
 
     def _dead_among(self, pending: list, index: dict) -> dict[int, str]:
         """The ranks among `pending` whose actor is found dead within half a second (a rank's
@@ -201,15 +204,11 @@ class RayExecutor(DistributedExecutor):
             else ([], [])
         dead = {}
         for ref in ready:
-            ok, value = self._get(ref)
-            if not ok and value.startswith("DIED"):
-                dead[index[ref]] = "(its Ray actor) died"
+            if self._get(ref)[0] == "died":
+                dead[index[ref]] = ACTOR_DIED
         return dead
 
     def _fail(self, rank: int, what: str, dead: dict[int, str]) -> None:
-        if what.startswith("DIED"):
-            dead = {**dead, rank: "(its Ray actor) died"}
-            what = what[len("DIED: "):]
         self.failure = rank_failure(rank, what, dead)
         self.shutdown()
         raise RankFailedError(self.failure)
@@ -254,9 +253,3 @@ def connect_ray(ray, address: str | None, num_cpus: int) -> None:
     path = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

@@ -15,11 +15,7 @@ class UniprocExecutor(Executor):
     """Calls a single in-process Worker directly."""
 
     def __init__(self, config: WorkerConfig) -> None:
-        tp = config.parallel.tensor_parallel_size
-        if config.parallel.world_size > 1:
-            raise ValueError(f"executor=uniproc runs one worker in this process; "
-                             f"tensor_parallel_size={tp} needs one process per rank: "
-                             "executor=multiproc or executor=ray")
+        self.check_tensor_parallel(config.parallel.tensor_parallel_size)
         self.worker = Worker(config)
 
     def model_info(self) -> ModelInfo:

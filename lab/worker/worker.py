@@ -10,6 +10,7 @@ of one rank (executor=uniproc) builds no process group at all.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +97,12 @@ def cpu_kv_bytes(
     return min(blocks * bytes_per_block, int(CPU_AUTO_KV_CAP_GB * 2**30))
 
 
+def usable_cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS tells it)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores or 1
+
+
 def rank_device(device: str, rank: int, world_size: int) -> torch.device:
     """The device of one rank: the CPU, or on CUDA (`auto`/`cuda` without an index) the GPU of
     index rank modulo the visible GPUs; a world of one keeps `resolve_device`'s choice."""
@@ -109,14 +116,18 @@ class Worker:
     """Loads the model (its rank's shard) on its device and runs steps through its ModelRunner."""
 
     def __init__(self, config: WorkerConfig, rank: int = 0, init_method: str | None = None,
-                 memory: DeviceMemory | None = None) -> None:
+                 memory: DeviceMemory | None = None, cpu_threads: int | None = None) -> None:
         """`memory`: the device allocator the KV budget is profiled on (None: CudaMemory on
-        CUDA; a CPU sizes its cache from cpu_kv_cache_gb instead); tests pass a fake."""
+        CUDA; a CPU sizes its cache from cpu_kv_cache_gb instead); tests pass a fake.
+        `cpu_threads`: torch's threads when this worker runs on the CPU (a rank's share of the
+        cores; None keeps torch's setting)."""
         self.config = config
         self.rank = rank
         self.device = rank_device(config.device, rank, config.parallel.world_size)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        elif cpu_threads is not None:
+            torch.set_num_threads(cpu_threads)
         self.memory = memory if memory is not None else (
             CudaMemory(self.device) if self.device.type == "cuda" else None)
         self.state = self._join_group(init_method)
