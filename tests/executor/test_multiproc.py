@@ -27,6 +27,7 @@ from tests.executor.tp_utils import (
     assert_parity,
     descendants,
     ids_by_prompt,
+    lazy_engines,
     make_llm,
     parity_run,
     wait_gone,
@@ -39,16 +40,8 @@ MULTIPROC = TP2 | dict(executor="multiproc")
 @pytest.fixture(scope="module")
 def engines():
     """get(model) -> the module's TP=2 multiproc LLM of that model (built on first use)."""
-    built = {}
-
-    def get(model: str):
-        if model not in built:
-            built[model] = make_llm(model, **MULTIPROC)
-        return built[model]
-
-    yield get
-    for llm in built.values():
-        llm.engine.shutdown()
+    with lazy_engines(**MULTIPROC) as get:
+        yield get
 
 
 @pytest.mark.parametrize("model", MODELS)

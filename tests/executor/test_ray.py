@@ -17,7 +17,13 @@ ray = pytest.importorskip("ray")
 from lab import SamplingParams  # noqa: E402
 from lab.executor.distributed import RankFailedError  # noqa: E402
 from tests.engine.parity_utils import hf_greedy_outputs, parity_prompts  # noqa: E402
-from tests.executor.tp_utils import TP2, assert_parity, make_llm, parity_run, wait_gone  # noqa: E402
+from tests.executor.tp_utils import (  # noqa: E402
+    TP2,
+    assert_parity,
+    lazy_engines,
+    parity_run,
+    wait_gone,
+)
 
 pytestmark = pytest.mark.ray
 # 4 logical CPUs: the module keeps two engines of two 1-CPU actors each
@@ -27,16 +33,8 @@ RAY = TP2 | {"executor": "ray", "executor.num_cpus": 4}
 @pytest.fixture(scope="module")
 def engines():
     """get(model) -> the module's TP=2 ray LLM of that model; Ray is shut down at the end."""
-    built = {}
-
-    def get(model: str):
-        if model not in built:
-            built[model] = make_llm(model, **RAY)
-        return built[model]
-
-    yield get
-    for llm in built.values():
-        llm.engine.shutdown()
+    with lazy_engines(**RAY) as get:
+        yield get
     ray.shutdown()
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from lab import LLM, SamplingParams
 from tests.engine.parity_utils import BASE, MAX_TOKENS, MP_KNOBS, ParityRun, parity_prompts
@@ -20,6 +22,24 @@ TP2 = dict(tensor_parallel_size=2, attention="torch", kernels="torch")
 def make_llm(model: str, **knobs) -> LLM:
     """An LLM with the parity knobs (BASE | MP_KNOBS) and `knobs`."""
     return LLM(model, **(BASE | MP_KNOBS | dict(attention="torch", kernels="torch") | knobs))
+
+
+@contextmanager
+def lazy_engines(**knobs) -> Iterator[Callable[[str], LLM]]:
+    """get(model) -> an LLM of that model with `knobs` (make_llm's), built on first use and
+    kept until the block ends, when every one built is shut down."""
+    built: dict[str, LLM] = {}
+
+    def get(model: str) -> LLM:
+        if model not in built:
+            built[model] = make_llm(model, **knobs)
+        return built[model]
+
+    try:
+        yield get
+    finally:
+        for llm in built.values():
+            llm.engine.shutdown()
 
 
 def parity_run(llm: LLM, sets: tuple[str, ...] = ("default", "prefix")) -> dict[str, ParityRun]:

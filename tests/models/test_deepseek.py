@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from lab.attention.base import AttentionInputs
 from lab.attention.torch_backend import TorchAttentionBackend
 from lab.layers.moe import MoE, SigmoidGroupTopKGate, SoftmaxTopKGate
 from lab.models.deepseek import DeepseekV2ForCausalLM
 from lab.models.loader import load_model
+from tests.models.prefill import prefill_logits
 from tests.options import tiny_models
 
 PRESETS = tiny_models("mla")
@@ -25,29 +25,6 @@ PROMPTS = [[0, 5, 17, 300, 42], list(range(3, 40, 3)), [511, 2, 77] * 9]
 def _load(path):
     backend = TorchAttentionBackend()
     return load_model(path, backend, torch.float32, "cpu")[0], backend
-
-
-def prefill_logits(model, backend, ids: list[int], block_size: int = 4,
-                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Logits [T, vocab] of one sequence computed in a single prefill step through the paged
-    latent cache (blocks scattered in reverse order; block 0 is the null block)."""
-    t = len(ids)
-    nblk = -(-t // block_size)
-    kv_spec = backend.kv_cache_spec(model.attention_spec, block_size, dtype)
-    caches = backend.allocate_kv_cache(kv_spec, nblk + 3, model.num_layers,
-                                       torch.device("cpu")).layers
-    table = list(range(nblk + 2, 2, -1))[:nblk]
-    slots = [table[p // block_size] * block_size + p % block_size for p in range(t)]
-    inputs = AttentionInputs(
-        query_start_loc=torch.tensor([0, t], dtype=torch.int32),
-        seq_lens=torch.tensor([t], dtype=torch.int32),
-        num_computed_tokens=torch.tensor([0], dtype=torch.int32),
-        block_table=torch.tensor([table], dtype=torch.int32), slot_mapping=torch.tensor(slots),
-        num_reqs=1, num_actual_tokens=t, max_query_len=t, max_seq_len=t, block_size=block_size,
-        query_lens_cpu=[t], seq_lens_cpu=[t])
-    with torch.no_grad():
-        hidden = model(torch.tensor(ids), torch.arange(t), caches, backend.build_metadata(inputs))
-        return model.compute_logits(hidden)
 
 
 def _assert_parity(path, ops=None) -> None:

@@ -7,32 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from lab.attention.base import AttentionInputs
 from lab.attention.torch_backend import TorchAttentionBackend
 from lab.models.loader import load_model
+from tests.models.prefill import prefill_logits
 
 PROMPT = [0, 5, 17, 300, 42, 7, 99, 511, 2, 77, 130]
-
-
-def prefill_logits(model, backend, ids: list[int], block_size: int = 4) -> torch.Tensor | None:
-    """compute_logits of one sequence's single prefill step (blocks in reverse order; block 0
-    unused) through the paged KV cache shaped by this rank's attention spec."""
-    t, nblk = len(ids), -(-len(ids) // block_size)
-    kv_spec = backend.kv_cache_spec(model.attention_spec, block_size, torch.float32)
-    caches = backend.allocate_kv_cache(kv_spec, nblk + 1, model.num_layers,
-                                       torch.device("cpu")).layers
-    table = list(range(nblk, 0, -1))
-    slots = [table[p // block_size] * block_size + p % block_size for p in range(t)]
-    inputs = AttentionInputs(
-        query_start_loc=torch.tensor([0, t], dtype=torch.int32),
-        seq_lens=torch.tensor([t], dtype=torch.int32),
-        num_computed_tokens=torch.tensor([0], dtype=torch.int32),
-        block_table=torch.tensor([table], dtype=torch.int32), slot_mapping=torch.tensor(slots),
-        num_reqs=1, num_actual_tokens=t, max_query_len=t, max_seq_len=t, block_size=block_size,
-        query_lens_cpu=[t], seq_lens_cpu=[t])
-    with torch.no_grad():
-        hidden = model(torch.tensor(ids), torch.arange(t), caches, backend.build_metadata(inputs))
-        return model.compute_logits(hidden)
 
 
 def tp_and_tp1_logits(state, path: str, expert_parallel: bool = False,
