@@ -55,6 +55,8 @@ class EngineStepError(RuntimeError):
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    # AsyncLLM.abort(id) was called (from any thread): only the final output is still delivered
+    aborted: bool = False
 
 
 class RequestStream:
@@ -84,6 +86,8 @@ class RequestStream:
                 if isinstance(item, BaseException):
                     self.finished = True
                     raise item
+                if self._stream.aborted and not item.finished:
+                    continue  # computed before the abort reached the engine: not delivered
                 item = self._catch_up(item)
                 if item.finished:
                     self.finished = True
@@ -186,7 +190,11 @@ class AsyncLLM:
     def abort(self, request_id: str) -> None:
         """Abort a request (from any thread): the driver's side ends it in the core, which frees
         its blocks before the next step; its consumer gets a final output, finish reason
-        `abort`."""
+        `abort`, and no token computed after this call (a step already running when it comes
+        is not delivered)."""
+        stream = self._streams.get(request_id)  # a read: safe from any thread
+        if stream is not None:
+            stream.aborted = True
         self._driver.abort(request_id)
 
     async def tokenize(self, text: str) -> list[int]:
