@@ -3,6 +3,12 @@
     python -m lab.bench.overhead                      # 1000 requests, 4 arrivals per step
     python -m lab.bench.overhead --requests 2000 --max-num-seqs 512
     python -m lab.bench.overhead --sim-running 10000  # engine steps/s, 10k requests decoding
+    python -m lab.bench.overhead --peer-python /work/vllm-venv/bin/python --repeat 3
+
+With --peer-python, vLLM V1's own `Scheduler` runs the same trace without a model in that
+python (lab/bench/vllm_sched_peer.py: same limits, prefix caching on, one token per scheduled
+request whose prompt is complete), in turns with lab's for --repeat rounds; each round's
+lab / vLLM ratio of the mean schedule+update time per step is printed, then their median.
 
 The trace follows the vLLM comparison in the engine issue: prompts uniform in [32, 512], outputs
 uniform in [16, 256], 4 arrivals per step, max_num_seqs 256, greedy, ignore_eos. The executor is
@@ -18,9 +24,14 @@ fast the simulator goes at the scale of a large serving study.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 from lab.cache.hashing import make_block_hasher
 from lab.cache.manager import KVCacheManager
@@ -104,6 +115,45 @@ def run_sim_running(n: int, steps: int, prompt_len: int = 32, seed: int = 0) -> 
             "tokens_per_s": steps * n / wall, "ms_per_step": 1e3 * wall / steps}
 
 
+def run_peer(python: str, args: argparse.Namespace) -> dict[str, float]:
+    """vLLM's Scheduler on the same trace (lab/bench/vllm_sched_peer.py), in its own process."""
+    from lab.models.tiny import ensure_tiny_model
+
+    script = Path(__file__).with_name("vllm_sched_peer.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        trace, out = Path(tmp) / "trace.json", Path(tmp) / "result.json"
+        trace.write_text(json.dumps(make_trace(args.requests, args.seed)))
+        cmd = [python, str(script), "--model", str(ensure_tiny_model("tiny_llama")),
+               "--trace", str(trace), "--out", str(out),
+               "--max-num-seqs", str(args.max_num_seqs),
+               "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+               "--max-model-len", str(args.max_model_len), "--block-size", str(args.block_size),
+               "--num-blocks", str(args.num_blocks),
+               "--arrivals-per-step", str(args.arrivals_per_step)]
+        subprocess.run(cmd, check=True, stdout=sys.stderr, stderr=subprocess.DEVNULL)
+        return json.loads(out.read_text())
+
+
+def describe(name: str, r: dict[str, float]) -> str:
+    return (f"{name:<14}steps {r['steps']}  mean batch {r['mean_batch']:.1f}  schedule+update "
+            f"per step: mean {r['mean_ms']:.2f} ms  p50 {r['p50_ms']:.2f} ms  "
+            f"p99 {r['p99_ms']:.2f} ms  (total {r['total_s']:.2f} s)")
+
+
+def compare(args: argparse.Namespace) -> None:
+    """lab and the peer in turns, --repeat rounds; each round's ratio and the median."""
+    ratios = []
+    for k in range(args.repeat):
+        lab, peer = run(args), run_peer(args.peer_python, args)
+        ratios.append(lab["mean_ms"] / peer["mean_ms"])
+        print(f"round {k + 1}")
+        print("  " + describe("lab", lab))
+        print("  " + describe(f"vllm {peer['version']}", peer))
+        print(f"  lab / vllm (mean per step): {ratios[-1]:.2f}")
+    print(f"median lab / vllm over {len(ratios)} rounds: {statistics.median(ratios):.2f} "
+          f"({', '.join(f'{r:.2f}' for r in ratios)})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--requests", type=int, default=1000)
@@ -117,17 +167,20 @@ def main() -> None:
     p.add_argument("--sim-running", type=int, default=0, metavar="N",
                    help="engine steps/s with N requests decoding under executor=sim")
     p.add_argument("--sim-steps", type=int, default=50, help="steps timed with --sim-running")
+    p.add_argument("--peer-python", default=None,
+                   help="python of a venv with vLLM: run its Scheduler on the same trace")
+    p.add_argument("--repeat", type=int, default=1, help="rounds of lab and peer, in turns")
     args = p.parse_args()
+    if args.peer_python:
+        compare(args)
+        return
     if args.sim_running:
         r = run_sim_running(args.sim_running, args.sim_steps, seed=args.seed)
         print(f"executor=sim, {r['running']} requests decoding: {r['steps_per_s']:.2f} engine "
               f"steps/s ({r['ms_per_step']:.1f} ms per step, {r['tokens_per_s']:.0f} simulated "
               f"tokens/s of wall time) over {r['steps']} steps")
         return
-    r = run(args)
-    print(f"steps {r['steps']}  mean batch {r['mean_batch']:.1f}  schedule+update per step: "
-          f"mean {r['mean_ms']:.2f} ms  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
-          f"(total {r['total_s']:.2f} s)")
+    print(describe("lab", run(args)))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,20 @@ Every request is greedy with ignore_eos, so all engines produce exactly the same
 tokens; the token ids of lab are compared with HF's (and the peer's). Prints output tok/s for each
 engine and the ratios.
 
+Rounds (`--repeat N`, or any `--peer-python` run): these machines are noisy, and a peer's speed
+depends on its settings, so every engine mode runs N times, each run in its own process, in turns
+(round 1: every mode once, round 2: ...). A mode is (engine, OMP_WAIT_POLICY, eager | compiled):
+
+    python -m lab.bench.throughput --peer-python /work/vllm-venv/bin/python --repeat 3
+    python -m lab.bench.throughput --repeat 3 --omp-wait-policy unset --modes eager,compiled
+
+Each run is printed; then each mode's median; then the peer's best mode (highest median tok/s),
+lab's best mode under the same OMP_WAIT_POLICY, and their ratio per round and its median: the
+number to quote, with the settings printed beside it. OMP_WAIT_POLICY=PASSIVE puts an idle
+OpenMP worker to sleep at once (it keeps vLLM's Python thread off a spinning core on 2 cores);
+unset, libgomp spins a while first. compiled = torch.compile (vLLM: enforce_eager=False; lab:
+compile=true).
+
 --sampling penalties_logprobs gives every request presence_penalty=0.5, frequency_penalty=0.5,
 repetition_penalty=1.1 and logprobs=5 (HF generate is skipped: it has no presence/frequency
 penalties); --sampling both times lab (and the peer) with sampling off, then with that, each on
@@ -21,10 +35,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -65,7 +82,8 @@ def run_lab_settings(path: Path, prompts, args) -> dict[str, tuple[float, list[l
     llm = LLM(str(path), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens,
               cpu_kv_cache_gb=1.0,  # a CPU cache every request fits in: speed, not preemption
-              engine_client=args.engine_client, cpu_threads=args.cpu_threads)
+              engine_client=args.engine_client, cpu_threads=args.cpu_threads,
+              **({"compile": True} if args.compile else {}))
     out: dict[str, tuple[float, list[list[int]]]] = {}
     for _ in range(args.repeat):
         for setting in settings_of(args.sampling):
@@ -107,7 +125,8 @@ def _hf_batch(model, prompts, max_new: int) -> list[list[int]]:
     return gen[:, width:].tolist()
 
 
-def run_peer(python: str, path: Path, prompts, args) -> dict:
+def run_peer(python: str, path: Path, prompts, args, compiled: bool = False,
+             env: dict | None = None, repeat: int | None = None) -> dict:
     script = Path(__file__).with_name("vllm_peer.py")
     with tempfile.TemporaryDirectory() as tmp:
         pfile, rfile = Path(tmp) / "prompts.json", Path(tmp) / "result.json"
@@ -118,10 +137,114 @@ def run_peer(python: str, path: Path, prompts, args) -> dict:
                "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
         if args.sampling != "off":
             cmd += ["--sampling", args.sampling]
-        if args.repeat != 1:
-            cmd += ["--repeat", str(args.repeat)]
-        subprocess.run(cmd, check=True, stdout=sys.stderr)
+        repeat = args.repeat if repeat is None else repeat
+        if repeat != 1:
+            cmd += ["--repeat", str(repeat)]
+        if compiled:
+            cmd.append("--compile")
+        subprocess.run(cmd, check=True, stdout=sys.stderr, env=env)
         return json.loads(rfile.read_text())
+
+
+# -- rounds: every engine mode in its own process, in turns ----------------------------------
+OMP_POLICIES = ("unset", "passive", "active")
+MODES = ("eager", "compiled")
+
+
+@dataclass(frozen=True)
+class Mode:
+    engine: str  # lab | the peer's name
+    omp: str  # OMP_WAIT_POLICY: unset | passive | active
+    mode: str  # eager | compiled
+
+    def __str__(self) -> str:
+        return f"{self.engine:<6} OMP_WAIT_POLICY={self.omp:<8} {self.mode}"
+
+
+def omp_env(policy: str) -> dict:
+    """This process's environment with OMP_WAIT_POLICY as `policy` says (unset: removed)."""
+    env = dict(os.environ)
+    env.pop("OMP_WAIT_POLICY", None)
+    if policy != "unset":
+        env["OMP_WAIT_POLICY"] = policy.upper()
+    return env
+
+
+def run_lab_process(mode: Mode, argv: list[str]) -> dict:
+    """One timed lab run (after a warm-up) in a fresh process under the mode's settings."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "lab.bench.throughput", *argv, "--one-run", str(out)]
+        if mode.mode == "compiled":
+            cmd.append("--compile")
+        subprocess.run(cmd, check=True, stdout=sys.stderr, env=omp_env(mode.omp))
+        return json.loads(out.read_text())
+
+
+def one_run(path: Path, prompts, args) -> None:
+    """--one-run OUT: time lab once (repeat 1) and write {"elapsed_s", "token_ids"}."""
+    args.repeat = 1
+    elapsed, ids = run_lab(path, prompts, args)
+    Path(args.one_run).write_text(json.dumps({"elapsed_s": elapsed, "token_ids": ids}))
+
+
+def lab_argv(args: argparse.Namespace) -> list[str]:
+    """The options a lab run process needs to build the same engine and prompts."""
+    argv = ["--model", args.model, "--num-prompts", str(args.num_prompts), "--input-len",
+            str(args.input_len), "--output-len", str(args.output_len), "--min-len",
+            str(args.min_len), "--max-len", str(args.max_len), "--dtype", args.dtype,
+            "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens",
+            str(args.max_num_batched_tokens), "--seed", str(args.seed), "--sampling",
+            args.sampling, "--engine-client", args.engine_client]
+    if args.mixed:
+        argv.append("--mixed")
+    if args.cpu_threads is not None:
+        argv += ["--cpu-threads", str(args.cpu_threads)]
+    return argv
+
+
+def run_rounds(path: Path, prompts, args) -> None:
+    """Every mode once per round, for --repeat rounds; then medians and the ratio to quote."""
+    modes = [Mode("lab", omp, m) for omp in args.omp_wait_policy for m in args.modes]
+    if args.peer_python:
+        modes += [Mode("vllm", omp, m) for omp in args.omp_wait_policy for m in args.modes]
+    n_out = len(prompts) * args.output_len
+    runs: dict[Mode, list[float]] = {m: [] for m in modes}
+    ids: dict[Mode, list[list[int]]] = {}
+    print(f"\nmodel {args.model}  prompts {len(prompts)}  output {args.output_len} tokens each  "
+          f"dtype {args.dtype}  sampling {args.sampling}  rounds {args.repeat}")
+    for k in range(args.repeat):
+        for mode in modes:
+            r = (run_lab_process(mode, lab_argv(args)) if mode.engine == "lab" else
+                 run_peer(args.peer_python, path, prompts, args, mode.mode == "compiled",
+                          omp_env(mode.omp), repeat=1))
+            runs[mode].append(n_out / r["elapsed_s"])
+            ids.setdefault(mode, r["token_ids"])
+            print(f"round {k + 1}  {mode}  {r['elapsed_s']:8.2f} s  "
+                  f"{runs[mode][-1]:8.1f} tok/s", flush=True)
+    print(summarize(runs, ids, prompts, path, args))
+
+
+def summarize(runs: dict, ids: dict, prompts, path: Path, args) -> str:
+    first = next(iter(ids.values()))
+    lines = ["", f"{'mode':<42}{'median tok/s':>14}  runs (tok/s)  token ids vs lab"]
+    for mode, tps in runs.items():
+        lines.append(f"{str(mode):<42}{statistics.median(tps):>14.1f}  "
+                     f"{', '.join(f'{t:.0f}' for t in tps)}  {match_rate(first, ids[mode])}")
+    if not args.no_hf:
+        _, hf_ids = run_hf(path, prompts, args)
+        lines.append(f"hf generate token ids vs lab: {match_rate(first, hf_ids)}")
+    peers = [m for m in runs if m.engine != "lab"]
+    if not peers:
+        return "\n".join(lines)
+    best_peer = max(peers, key=lambda m: statistics.median(runs[m]))
+    same = [m for m in runs if m.engine == "lab" and m.omp == best_peer.omp]
+    best_lab = max(same, key=lambda m: statistics.median(runs[m]))
+    ratios = [a / b for a, b in zip(runs[best_lab], runs[best_peer])]
+    lines += ["", f"peer's best mode: {best_peer}", f"lab under the same settings, best mode: "
+              f"{best_lab}", f"lab / peer per round: {', '.join(f'{r:.2f}' for r in ratios)}  "
+              f"median {statistics.median(ratios):.2f}"]
+    return "\n".join(lines)
 
 
 def match_rate(a: list[list[int]], b: list[list[int]]) -> str:
@@ -154,8 +277,28 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="torch threads of lab's engine core (default: the cpu_threads knob's "
                         "null: torch's default; cores - 1 for an async_mp core only)")
     p.add_argument("--repeat", type=int, default=1,
-                   help="time each setting N times, taking turns, and keep each one's fastest")
+                   help="rounds: every mode runs N times in turns, each in its own process "
+                        "(with --sampling both: time each setting N times in one process and "
+                        "keep each one's fastest)")
+    p.add_argument("--omp-wait-policy", type=_choices(OMP_POLICIES), default=["unset", "passive"],
+                   help="rounds: comma list of OMP_WAIT_POLICY settings to run every engine "
+                        "under (unset, passive, active)")
+    p.add_argument("--modes", type=_choices(MODES), default=list(MODES),
+                   help="rounds: comma list of eager, compiled")
+    p.add_argument("--compile", action="store_true", help="lab with compile=true")
+    p.add_argument("--one-run", default=None, metavar="OUT",
+                   help="(internal) time lab once and write the result JSON to OUT")
     return p.parse_args(argv)
+
+
+def _choices(allowed: tuple[str, ...]):
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in allowed]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"{text!r}: a comma list of {', '.join(allowed)}")
+        return items
+    return parse
 
 
 def main(argv=None) -> None:
@@ -163,6 +306,12 @@ def main(argv=None) -> None:
     path = Path(args.model) if Path(args.model).is_dir() else ensure_tiny_model(args.model)
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     prompts = make_prompts(args, vocab)
+    if args.one_run:
+        one_run(path, prompts, args)
+        return
+    if args.sampling != "both" and (args.peer_python or args.repeat > 1):
+        run_rounds(path, prompts, args)
+        return
     n_out = len(prompts) * args.output_len
     rows = []
     lab_runs = run_lab_settings(path, prompts, args)

