@@ -180,3 +180,17 @@ def test_overhead_bench_rounds_print_the_median_ratio(capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["overhead", "--peer-python", "py", "--repeat", "3"])
     overhead.main()
     assert "median lab / vllm over 3 rounds: 0.25 (0.25, 0.75, 0.25)" in capsys.readouterr().out
+
+
+def test_step_profile_parts_add_up_to_the_step(capsys):
+    """Every part is timed: none negative (a part timed around the wrong call, or twice, would
+    make a difference negative), the attention backend and the sampler were reached."""
+    from lab.bench import step_profile
+
+    argv = ["--model", "tiny_llama", "--num-prompts", "2", "--input-len", "6", "--output-len", "3"]
+    rows, steps = step_profile.profile(step_profile.parse_args(argv))
+    parts = dict(rows[:-1])
+    assert steps == 3  # one prefill step, then two decode steps
+    assert all(v >= 0 for v in parts.values()) and parts["attention"] > 0 < parts["sampling"]
+    step_profile.main(argv)
+    assert "engine other" in capsys.readouterr().out

@@ -1,0 +1,149 @@
+"""Where a step's time goes: lab's engine on an offline batch, each part of the step timed.
+
+    python -m lab.bench.step_profile                          # bench_llama, 16 x 128 -> 128
+    python -m lab.bench.step_profile --model bench_qwen3_06b --dtype bfloat16
+    python -m lab.bench.step_profile --compile                # compile=true
+
+Every part is timed around the call that does it (wall time, perf_counter), on the engine's
+own objects, for every step of one `LLM.generate` after a warm-up:
+
+    model          model.forward, less attention (embedding, norms, projections, MLP/MoE)
+    attention      the attention backend's forward, every layer (KV write + attention)
+    logits         model.compute_logits (the LM head) of the sampled rows
+    sampling       the Sampler (logits processors, greedy / random sampling, logprobs)
+    input prep     the rest of the model runner's step: request state, persistent batch,
+                   inputs (ids, positions, slot mapping), attention metadata
+    scheduling     Scheduler.schedule + Scheduler.update_from_output
+    engine other   the rest of LLMEngine.step: core outputs, detokenizer, output processing,
+                   statistics
+
+A part is inclusive of what it calls, so the table subtracts: model = forward - attention,
+input prep = execute_model - forward - logits - sampling. CPU only: on CUDA the calls return
+before the device finishes, so the parts would not add up (a CUDA profile is torch.profiler's
+job). The engine runs inproc (engine_client=inproc), so every part is in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from lab import LLM, SamplingParams
+from lab.models.tiny import ensure_tiny_model, preset_names
+
+
+class Timers:
+    """Wall time spent in patched calls, by name (instance attributes: restored by `close`)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._patched: list[tuple[object, str]] = []
+
+    def wrap(self, obj: object, attr: str, name: str) -> None:
+        fn: Callable = getattr(obj, attr)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - t0
+                self.calls[name] += 1
+
+        setattr(obj, attr, timed)
+        self._patched.append((obj, attr))
+
+    def close(self) -> None:
+        for obj, attr in self._patched:
+            delattr(obj, attr)  # the class's method shows through again
+        self._patched.clear()
+
+
+def instrument(llm: LLM) -> Timers:
+    """Patch the timed calls on this engine's objects (uniproc executor, inproc core)."""
+    engine = llm.engine
+    runner = engine.core.executor.worker.runner
+    timers = Timers()
+    timers.wrap(engine, "step", "step")
+    timers.wrap(engine.core.scheduler, "schedule", "schedule")
+    timers.wrap(engine.core.scheduler, "update_from_output", "update")
+    timers.wrap(runner, "execute_model", "execute_model")
+    timers.wrap(runner.model, "forward", "forward")
+    timers.wrap(runner.model, "compute_logits", "logits")
+    timers.wrap(runner.sampler, "forward", "sampling")
+    timers.wrap(runner.attn_backend, "forward", "attention")
+    return timers
+
+
+def table(t: Timers) -> list[tuple[str, float]]:
+    """(part, seconds) rows of the module docstring's table, and the total."""
+    s = t.seconds
+    rows = [
+        ("model", s["forward"] - s["attention"]),
+        ("attention", s["attention"]),
+        ("logits", s["logits"]),
+        ("sampling", s["sampling"]),
+        ("input prep", s["execute_model"] - s["forward"] - s["logits"] - s["sampling"]),
+        ("scheduling", s["schedule"] + s["update"]),
+        ("engine other", s["step"] - s["execute_model"] - s["schedule"] - s["update"]),
+    ]
+    return [*rows, ("total", s["step"])]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default="bench_llama", help=f"preset ({', '.join(preset_names())}) or dir")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--attention", default=None, help="attention backend (default: the config's)")
+    p.add_argument("--compile", action="store_true", help="compile=true")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def profile(args: argparse.Namespace) -> tuple[list[tuple[str, float]], int]:
+    """(the table's rows in seconds, steps) of one timed generate after a warm-up."""
+    path = Path(args.model) if Path(args.model).is_dir() else ensure_tiny_model(args.model)
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    g = torch.Generator().manual_seed(args.seed)
+    prompts = [torch.randint(3, vocab - 1, (args.input_len,), generator=g).tolist()
+               for _ in range(args.num_prompts)]
+    kwargs = {"compile": True} if args.compile else {}
+    if args.attention:
+        kwargs["attention"] = args.attention
+    llm = LLM(str(path), dtype=args.dtype, max_num_seqs=256, max_num_batched_tokens=8192,
+              cpu_kv_cache_gb=1.0, **kwargs)
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up
+    timers = instrument(llm)
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=args.output_len,
+                                         ignore_eos=True))
+    timers.close()
+    return table(timers), timers.calls["step"]
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    rows, steps = profile(args)
+    total = rows[-1][1]
+    print(f"model {args.model}  dtype {args.dtype}  {args.num_prompts} prompts x "
+          f"{args.input_len} -> {args.output_len}  steps {steps}  threads "
+          f"{torch.get_num_threads()}  OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
+          f"  compile={args.compile}")
+    print(f"{'part':<14}{'ms/step':>10}{'share':>9}")
+    for name, sec in rows:
+        print(f"{name:<14}{1e3 * sec / steps:>10.3f}{100 * sec / total:>8.1f}%")
+    print(f"output tok/s {args.num_prompts * args.output_len / total:.1f}")
+
+
+if __name__ == "__main__":
+    main()
