@@ -17,10 +17,22 @@ scheme (calibration, quantize / dequantize references) is lab/kernels/fp8_kv.py.
 belong to the cache (`allocate_kv_cache` returns a `KVCache`: `.layers` and `.scales`); the
 ModelRunner holds them and hands them to the backend in each step's `AttentionInputs.kv_scales`,
 so a backend keeps no state about any cache.
+
+CUDA graphs (vLLM's AttentionCGSupport): a backend declares with `cudagraph_support(device)`
+which batches the ModelRunner may run from its static buffers (lab/worker/cudagraph.py):
+NEVER (always eager) or UNIFORM_DECODE (batches where every request has one new token, padded to
+a capture size). The runner builds a decode metadata once per padded size, over AttentionInputs
+whose tensors are views of its static buffers, and reuses it for every step of that size — a
+captured graph replays it. So a backend declaring UNIFORM_DECODE must build decode metadata that
+reads every per-step value through those input tensors (a view, or work done in `forward`),
+never a copy or host value taken at build time other than the batch size and max_model_len.
+Padding requests have one token at position 0, written to slot 0 of the null block 0, seq_len 1
+and a block-table row of zeros; their outputs are dropped.
 """
 
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -173,6 +185,14 @@ class AttentionInputs:
         return self.max_query_len == 1
 
 
+class CudaGraphSupport(enum.Enum):
+    """Which batches a backend's metadata can serve from the runner's static buffers (vLLM's
+    AttentionCGSupport, of which lab's runner uses these two: it captures decode batches only)."""
+
+    NEVER = "never"  # every batch runs eagerly
+    UNIFORM_DECODE = "uniform_decode"  # one new token per request (padded); others run eagerly
+
+
 class AttentionBackend(ABC):
     """Base class of the `attention` config group. Subclasses implement one attention algorithm."""
 
@@ -196,6 +216,14 @@ class AttentionBackend(ABC):
                 f"block_size={block_size} is invalid for attention={cls.name}: it supports "
                 f"block sizes {', '.join(map(str, cls.block_sizes))}"
             )
+
+    #: what `cudagraph_support` answers unless a backend overrides it
+    cudagraph: CudaGraphSupport = CudaGraphSupport.NEVER
+
+    def cudagraph_support(self, device: torch.device) -> CudaGraphSupport:
+        """Which batches may run padded from static buffers on `device` (captured as CUDA graphs
+        there; run eagerly on a CPU). See the module docstring for the metadata contract."""
+        return self.cudagraph
 
     def check_supported(self, spec: AttentionSpec) -> None:
         """Refuse a model whose attention kind this backend does not implement."""

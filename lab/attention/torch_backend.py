@@ -21,6 +21,12 @@ fp8 cache (`cache.dtype=fp8`, scheme in lab/kernels/fp8_kv.py): writes store
 fp8(clamp(x / scale, +-448)) with the layer's scales (`quantize_kv_ref`), reads gather the fp8
 rows and dequantize them (q_fp8 * scale, in fp32, then the query's dtype) before attending: the
 definition the Triton kernels are checked against.
+
+CUDA graphs: NEVER on CUDA — its metadata derives the mask and the block indices when it is
+built (not replay-safe, see base.py) and, over the runner's static block table, would gather
+max_model_len keys for every row. On the CPU it declares UNIFORM_DECODE: nothing is captured
+there, the runner's padded decode path runs eagerly (metadata built each step), and this
+reference is what that path is checked with.
 """
 
 from __future__ import annotations
@@ -30,7 +36,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lab.attention.base import AttentionInputs, PagedKVBackend, layer_kv_scales
+from lab.attention.base import (
+    AttentionInputs,
+    CudaGraphSupport,
+    PagedKVBackend,
+    layer_kv_scales,
+)
 from lab.attention.mla import MLAAttentionMixin, MLAWeights
 from lab.kernels.fp8_kv import FP8_KV_DTYPE, dequantize_kv_ref, quantize_kv_ref
 from lab.kernels.mla_cache_write import write_latent_cache_ref
@@ -53,15 +64,25 @@ class TorchAttentionBackend(MLAAttentionMixin, PagedKVBackend):
     name = "torch"
     supported_kinds = ("mha", "gqa", "mla")
 
+    def cudagraph_support(self, device: torch.device) -> CudaGraphSupport:
+        """UNIFORM_DECODE on the CPU (eager padding), NEVER on CUDA (module docstring)."""
+        return (CudaGraphSupport.UNIFORM_DECODE if device.type == "cpu"
+                else CudaGraphSupport.NEVER)
+
     def build_metadata(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
         device = inputs.query_start_loc.device
-        qlens = torch.tensor(inputs.query_lens_cpu, device=device)
         b = inputs.num_reqs
+        blocks = inputs.block_table.long()
+        keys = torch.arange(blocks.shape[1] * inputs.block_size, device=device)
+        if inputs.max_query_len == 1:  # decode: token i is request i's, at position seq_len - 1
+            token_req = torch.arange(b, device=device)
+            mask = keys[None, :] < inputs.seq_lens[:, None]
+            return TorchAttentionMetadata(inputs, token_req, torch.zeros_like(token_req),
+                                          blocks.flatten(), mask[:, None, None])
+        qlens = torch.tensor(inputs.query_lens_cpu, device=device)
         token_req = torch.repeat_interleave(torch.arange(b, device=device), qlens)
         starts = inputs.query_start_loc[:-1].long()
         token_row = torch.arange(token_req.numel(), device=device) - starts[token_req]
-        blocks = inputs.block_table.long()
-        keys = torch.arange(blocks.shape[1] * inputs.block_size, device=device)
         query_pos = inputs.num_computed_tokens[:, None].long() + torch.arange(
             inputs.max_query_len, device=device
         )

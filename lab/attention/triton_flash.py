@@ -10,7 +10,9 @@ Per step and layer:
      table with GQA query heads packed so each K/V tile is loaded once per KV head.
 
 The number of splits is chosen from the batch size and `max_model_len`, not from this step's
-lengths, so the launch grid depends only on the batch size (CUDA-graph friendly). On a machine
+lengths, so the launch grid depends only on the batch size: decode batches are CUDA-graph safe
+(UNIFORM_DECODE, base.py): the metadata holds the inputs (views of the runner's static buffers)
+and the split count, and the decode kernel reads lengths and block tables from them. On a machine
 without CUDA the kernels run in Triton's interpreter (see lab/kernels/__init__.py), which has no
 bf16 arithmetic: a bf16 KV cache is refused there. An fp8 KV cache (`cache.dtype=fp8`, scheme in
 lab/kernels/fp8_kv.py) is quantized by the write kernel and dequantized inside both attention
@@ -26,6 +28,7 @@ import torch
 from lab.attention.base import (
     AttentionInputs,
     AttentionSpec,
+    CudaGraphSupport,
     KVCacheSpec,
     PagedKVBackend,
     layer_kv_scales,
@@ -48,6 +51,7 @@ class TritonFlashBackend(SplitKVDecode, PagedKVBackend):
 
     name = "triton_flash"
     uses_triton = True
+    cudagraph = CudaGraphSupport.UNIFORM_DECODE
 
     def __init__(self, max_splits: int = 16, min_keys_per_split: int = 256,
                  num_sms: int | None = None) -> None:

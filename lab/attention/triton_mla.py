@@ -12,7 +12,10 @@ Per step and layer (see lab/attention/mla.py for the math and the latent cache l
      width, and run the Triton varlen flash kernel over them (`paged_attention`, with a block
      table over the expanded copy). Expanding is O(context) per step — the price of exact MHA
      numerics for prompts; decode, where time goes, never expands.
-A step with both kinds splits its requests into the two paths (token order is kept).
+A step with both kinds splits its requests into the two paths (token order is kept). A path
+that holds every request of the step uses the step's own tensors (views), which is what makes
+decode batches CUDA-graph safe (UNIFORM_DECODE, base.py): the split count depends on the batch
+size and max_model_len only.
 
 Softmax scale: the model passes (qk_nope + qk_rope)^-0.5 · mscale² (yarn), never the latent
 width. On a machine without CUDA the kernels run in Triton's interpreter (fp32/fp16 only).
@@ -33,6 +36,7 @@ from lab.attention.base import (
     AttentionBackend,
     AttentionInputs,
     AttentionSpec,
+    CudaGraphSupport,
     KVCacheSpec,
     layer_kv_scales,
 )
@@ -69,6 +73,7 @@ class TritonMLABackend(SplitKVDecode, MLAAttentionMixin, AttentionBackend):
     name = "triton_mla"
     uses_triton = True
     supported_kinds = ("mla",)
+    cudagraph = CudaGraphSupport.UNIFORM_DECODE
 
     def __init__(self, max_splits: int = 16, min_keys_per_split: int = 256,
                  num_sms: int | None = None) -> None:
@@ -146,10 +151,16 @@ class TritonMLABackend(SplitKVDecode, MLAAttentionMixin, AttentionBackend):
 
 
 def _part(inputs: AttentionInputs, reqs: list[int]) -> _Part | None:
-    """The inputs restricted to requests `reqs` (None when empty)."""
+    """The inputs restricted to requests `reqs` (None when empty); every request: the inputs'
+    own tensors (views: graph-safe, and no copy)."""
     if not reqs:
         return None
     device = inputs.seq_lens.device
+    if len(reqs) == inputs.num_reqs:
+        return _Part(
+            token_idx=torch.arange(inputs.num_actual_tokens, device=device),
+            seq_lens=inputs.seq_lens, block_table=inputs.block_table,
+            query_start_loc=inputs.query_start_loc, max_query_len=inputs.max_query_len)
     qlens = [inputs.query_lens_cpu[i] for i in reqs]
     starts = [0]
     for q in inputs.query_lens_cpu:

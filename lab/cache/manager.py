@@ -231,11 +231,15 @@ class KVCacheManager:
                 f"{num_tokens} tokens; build it with make_block_hasher({self.block_size})"
             )
 
-    def cache_computed(self, request: Request) -> None:
+    def cache_computed(self, request: Request, num_computed: int | None = None) -> None:
         """Commit the request's blocks that are full of computed tokens to the prefix cache
-        (after a step: its tokens up to num_computed_tokens have their KV written)."""
+        (after a step: its tokens up to `num_computed`, by default num_computed_tokens, have
+        their KV written; with async scheduling num_computed_tokens already counts the next
+        step's tokens, still in flight)."""
+        if num_computed is None:
+            num_computed = request.num_computed_tokens
         if self.enable_caching and request.request_id in self.req_to_blocks:
-            self._cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
+            self._cache_blocks(request, min(num_computed, request.num_tokens))
 
     def _cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Commit the request's blocks that are full within its first `num_tokens` tokens."""

@@ -2,13 +2,18 @@
 
 It deals only in token ids: `EngineCoreRequest`s in, `EngineCoreOutput`s out (lab/engine/
 protocol.py). Text, stop strings and RequestOutputs are the frontend's (OutputProcessor).
+
+With `async_scheduling` a step() submits one step and takes in the one before: see
+lab/engine/async_steps.py.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 
+from lab.engine.async_steps import AsyncSteps, InFlightStep
 from lab.engine.protocol import (
     CoreStatus,
     EngineCoreOutput,
@@ -19,7 +24,7 @@ from lab.engine.request import Request, RequestStatus
 from lab.executor.base import Executor
 from lab.metrics.stats import RequestStats, StepStats
 from lab.scheduler.output import ModelRunnerOutput
-from lab.scheduler.scheduler import Scheduler
+from lab.scheduler.scheduler import Scheduler, StepEvents
 
 
 class EngineStuckError(RuntimeError):
@@ -32,13 +37,15 @@ class EngineDeadError(RuntimeError):
     that steps it (AsyncLLM) is gone."""
 
 
-class EngineCore:
-    """Owns the scheduler and the executor; one `step()` is one forward pass."""
+class EngineCore(AsyncSteps):
+    """Owns the scheduler and the executor; one `step()` is one forward pass (with async
+    scheduling: submits one and takes in the result of the one before)."""
 
     def __init__(
         self, scheduler: Scheduler, executor: Executor,
         clock: Callable[[], float] = time.perf_counter,
         block_hasher: Callable[[Request], list[bytes]] | None = None,
+        async_scheduling: bool = False,
     ) -> None:
         self.scheduler = scheduler
         self.executor = executor
@@ -47,6 +54,9 @@ class EngineCore:
         self.origin = clock()
         self.step_count = 0
         self._failed: list[Request] = []
+        self.async_scheduling = async_scheduling
+        self._in_flight: deque[InFlightStep] = deque()
+        self._carried: list[EngineCoreOutput] = []  # outputs due with the next step()
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request(
@@ -62,11 +72,12 @@ class EngineCore:
         return [self._final(r, []) for r in self.scheduler.abort_requests(request_ids, status)]
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests waiting or running, or steps in flight (async scheduling)."""
+        return self.scheduler.has_unfinished_requests() or bool(self._in_flight)
 
     def shutdown(self) -> None:
-        """Release the executor's workers (rank processes, actors); an mp client stops its core
-        process here, which calls this one."""
+        """Release the executor's workers (rank processes, actors, the step thread, after the
+        steps in flight); an mp client stops its core process here, which calls this one."""
         self.executor.shutdown()
 
     #: the methods a client may run by name (`call_utility`; over ZMQ for a core process),
@@ -103,7 +114,12 @@ class EngineCore:
         scheduler has failed exactly the requests it scheduled (`Scheduler.fail_step`), or every
         unfinished request when the scheduler itself raised (`Scheduler.fail_all`); those are
         then in `take_failed()`, finished with reason `error`, their blocks freed.
+        With async scheduling see the module docstring.
         """
+        if self.async_scheduling:
+            result = self._step_async()
+            result.outputs[:0], self._carried = self._carried, []
+            return result
         t0 = self.clock()
         sched = self._guarded(self.scheduler.schedule, self.scheduler.fail_all)
         t1 = self.clock()
@@ -112,12 +128,19 @@ class EngineCore:
         t2 = self.clock()
         updated = self._guarded(lambda: self.scheduler.update_from_output(sched, result),
                                 self.scheduler.fail_all)
-        stats = self._make_stats(sched, updated, t1 - t0, t2 - t1, self.clock() - t2)
+        stats = self._make_stats(sched, self.scheduler.events, updated, t1 - t0, t2 - t1,
+                                 self.clock() - t2)
         self.step_count += 1
         self._check_progress(sched)
         return EngineCoreOutputs(self._outputs(updated, result), stats)
 
-    def _outputs(self, updated: list[Request], result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+    # -- outputs -------------------------------------------------------------------------------
+    def _outputs(
+        self, updated: list[Request], result: ModelRunnerOutput,
+        scheduled: dict[str, Request] | None = None,
+    ) -> list[EngineCoreOutput]:
+        """An output per request that got a token, and the prompt logprobs of partial
+        prefills of requests still live (`scheduled`: the step's requests, by id)."""
         outs = []
         for req in updated:
             token = [req.output_token_ids[-1]]
@@ -129,8 +152,11 @@ class EngineCore:
                     result.prompt_logprobs.get(req.request_id),
                     num_cached_tokens=max(req.num_cached_tokens, 0)))
         got_token = {r.request_id for r in updated}
+        if scheduled is None:
+            scheduled = self.scheduler.requests
         for rid, lp in result.prompt_logprobs.items():  # partial prefills of logprob requests
-            if rid not in got_token and rid in self.scheduler.requests:
+            req = scheduled.get(rid)
+            if rid not in got_token and req is not None and not req.is_finished:
                 outs.append(EngineCoreOutput(rid, [], new_prompt_logprobs=lp))
         return outs
 
@@ -172,10 +198,11 @@ class EngineCore:
         return [self._final(r, []) for r in failed]
 
     def _make_stats(
-        self, sched, updated: list[Request], t_sched: float, t_exec: float, t_update: float,
+        self, sched, events: StepEvents, updated: list[Request], t_sched: float, t_exec: float,
+        t_update: float,
     ) -> StepStats:
         st = self.scheduler.stats()
-        ev, kv = st.events, st.kv
+        ev, kv = events, st.kv
         return StepStats(
             step=self.step_count,
             time=self.clock() - self.origin,

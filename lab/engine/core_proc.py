@@ -151,7 +151,8 @@ class EngineCoreProc:
             failed = self.core.take_failed()
             self.outputs.put(EngineCoreOutputs(failed, error=f"{type(e).__name__}: {e}"))
             return
-        self.outputs.put(result)
+        if result.outputs or result.step_stats is not None:  # async: a call may only submit
+            self.outputs.put(result)
 
     # -- IO threads ----------------------------------------------------------------------------
     def _input_loop(self, addr: str) -> None:

@@ -15,7 +15,7 @@ before anything is built; the components keep their own checks as a second line 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +70,11 @@ def _device(v: Any) -> bool:
     return isinstance(v, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None
 
 
+def _int_list(v: Any) -> bool:
+    return (isinstance(v, Sequence) and not isinstance(v, str) and len(v) > 0
+            and all(_int_at_least(1)(s) for s in v))
+
+
 DTYPE_NAMES = ("auto", *DTYPES)
 
 KNOBS: tuple[Knob, ...] = (
@@ -98,6 +103,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("engine_client", "inproc (the engine core in this thread), mp (in its own process, "
          "synchronous client) or async_mp (in its own process, asyncio client: lab serve's "
          "default)", lambda v: v in ("inproc", "mp", "async_mp")),
+    Knob("async_scheduling", "true or false (schedule the next step while one runs: vLLM V1's "
+         "async scheduling)", lambda v: isinstance(v, bool)),
     Knob("dtype", ", ".join(DTYPE_NAMES), lambda v: str(v).lower() in DTYPE_NAMES),
     Knob("tensor_parallel_size", "an integer >= 1 (ranks each layer is split over; > 1 with "
          "executor=multiproc or executor=ray)", _int_at_least(1)),
@@ -105,6 +112,23 @@ KNOBS: tuple[Knob, ...] = (
          lambda v: isinstance(v, bool)),
     Knob("distributed_backend", f"one of {', '.join(BACKENDS)} (auto: nccl on CUDA, gloo on "
          "CPU)", lambda v: v in BACKENDS),
+    Knob("enable_dbo", "true or false (micro-batching: two micro-batches per step, "
+         "docs/ubatch.md)", lambda v: isinstance(v, bool)),
+    Knob("dbo_decode_token_threshold", "an integer >= 2 (tokens from which enable_dbo splits a "
+         "pure-decode step)", _int_at_least(2)),
+    Knob("dbo_prefill_token_threshold", "an integer >= 2 (tokens from which enable_dbo splits a "
+         "step with prefill tokens)", _int_at_least(2)),
+    Knob("cudagraph_capture_sizes", "null (vLLM's decode sizes on CUDA, none on a CPU) or a "
+         "list of integers >= 1 (decode batch sizes to pad to and capture)",
+         lambda v: v is None or (isinstance(v, Sequence) and not isinstance(v, str)
+                                 and len(v) > 0 and all(_int_at_least(1)(s) for s in v))),
+    Knob("enforce_eager", "true or false (true: no CUDA graphs, no padding)",
+         lambda v: isinstance(v, bool)),
+    Knob("compile", "true or false (true: the forward through torch.compile, attention an "
+         "opaque op; docs/compile.md)", lambda v: isinstance(v, bool)),
+    Knob("compile_sizes", "null (one decode-sized warm-up step) or a list of integers >= 1 "
+         "(token counts of the start-up warm-up steps; the first compiles)",
+         _or_null(_int_list)),
     Knob("slo.ttft_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
     Knob("slo.tpot_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
     Knob("slo.e2e_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
@@ -125,6 +149,20 @@ def validate_config(cfg: DictConfig) -> None:
 
     resolve_device(cfg.device)
     check_parallel_executor(cfg)
+    check_compile(cfg)
+
+
+def check_compile(cfg: DictConfig) -> None:
+    """compile=true runs one rank, and contradicts enforce_eager=true."""
+    if not cfg.compile:
+        return
+    if cfg.enforce_eager:
+        raise ValueError("compile=true is invalid with enforce_eager=true (every step eager): "
+                         "drop one of them")
+    if cfg.tensor_parallel_size > 1:
+        raise ValueError(f"compile=true is invalid with tensor_parallel_size="
+                         f"{cfg.tensor_parallel_size}: the compiled forward runs one rank; use "
+                         "compile=false")
 
 
 def check_parallel_executor(cfg: DictConfig) -> None:

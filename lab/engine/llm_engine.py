@@ -29,6 +29,7 @@ from lab.metrics.base import StatLogger
 from lab.metrics.stats import RequestStats, StepStats
 from lab.models.tokenizer import load_tokenizer
 from lab.sampling.params import SamplingParams
+from lab.scheduler.async_scheduler import AsyncScheduler
 from lab.scheduler.scheduler import Scheduler, SchedulerConfig
 from lab.worker.config import WorkerConfig
 from lab.worker.worker import CacheSizing, usable_cpu_cores
@@ -288,11 +289,13 @@ def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
                                 bytes_per_block=info.bytes_per_block)
     config = SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, max_model_len,
                              cfg.long_prefill_token_threshold)
-    scheduler = Scheduler(config, kv, instantiate(cfg.scheduler), instantiate(cfg.preemption),
-                          clock=clock.now)
+    scheduler_cls = AsyncScheduler if cfg.async_scheduling else Scheduler
+    scheduler = scheduler_cls(config, kv, instantiate(cfg.scheduler),
+                              instantiate(cfg.preemption), clock=clock.now)
     executor.initialize_cache(num_blocks, max_model_len, num_swap_blocks(scheduler))
     core = EngineCore(scheduler, executor, clock=clock.now,
-                      block_hasher=make_block_hasher(cfg.block_size))
+                      block_hasher=make_block_hasher(cfg.block_size),
+                      async_scheduling=cfg.async_scheduling)
     return core, CoreInfo(info, num_blocks, max_model_len,
                           info.bytes_per_block // cfg.block_size, interpreted)
 
@@ -331,7 +334,23 @@ def worker_config(cfg: DictConfig) -> WorkerConfig:
         logits_processors=logits_processor_factories(cfg),
         parallel=ParallelConfig(tensor_parallel_size=cfg.tensor_parallel_size,
                                 backend=cfg.distributed_backend),
-        expert_parallel=cfg.expert_parallel)
+        expert_parallel=cfg.expert_parallel, enable_dbo=cfg.enable_dbo,
+        dbo_decode_token_threshold=cfg.dbo_decode_token_threshold,
+        dbo_prefill_token_threshold=cfg.dbo_prefill_token_threshold,
+        cudagraph_capture_sizes=capture_sizes_knob(cfg), enforce_eager=cfg.enforce_eager,
+        compile=cfg.compile, compile_sizes=compile_sizes_knob(cfg))
+
+
+def compile_sizes_knob(cfg: DictConfig) -> tuple[int, ...] | None:
+    """The compile_sizes knob as a tuple (None: one decode-sized warm-up step)."""
+    sizes = cfg.compile_sizes
+    return None if sizes is None else tuple(int(s) for s in sizes)
+
+
+def capture_sizes_knob(cfg: DictConfig) -> tuple[int, ...] | None:
+    """The cudagraph_capture_sizes knob as a tuple (None: the device's default)."""
+    sizes = cfg.cudagraph_capture_sizes
+    return None if sizes is None else tuple(int(s) for s in sizes)
 
 
 def logits_processor_factories(cfg: DictConfig) -> tuple:

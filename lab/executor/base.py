@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from lab.clock import Clock
 
 if TYPE_CHECKING:
+    from lab.executor.pipeline import StepFuture
     from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
     from lab.worker.worker import CacheSizing
 
@@ -88,6 +89,17 @@ class Executor(ABC):
     @abstractmethod
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step."""
+
+    def execute_model_async(self, sched: SchedulerOutput, chained: bool = False) -> StepFuture:
+        """Submit one step without waiting for it (async_scheduling); steps run in submission
+        order, and a `chained` step (scheduled while the previous one was in flight) is skipped
+        when that one failed (lab/executor/pipeline.py). Default: the step runs on the caller's
+        thread when its result is asked for (the simulator: its clock advances then, while the
+        engine has already scheduled the next step, as a device would)."""
+        from lab.executor.pipeline import InOrderSteps
+
+        steps = self.__dict__.setdefault("_in_order_steps", InOrderSteps())
+        return steps.submit(lambda: self.execute_model(sched), chained)
 
     def collective_rpc(
         self, method: str | Callable, args: tuple = (), kwargs: dict | None = None,

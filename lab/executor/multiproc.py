@@ -7,9 +7,13 @@ MultiprocExecutor), so the engine's process stays light.
 
 A call is pickled once and the same bytes are pushed to every rank. `execute_model` answers
 from rank 0 only (the others return an empty output, nothing to send); `collective_rpc` from
-every rank. A rank that raises sends its error and the executor stops the group (see
-lab/executor/distributed.py); a rank that dies is seen by its process sentinel, checked every
-POLL_S while the executor waits, so the engine raises within a fraction of a second naming it.
+every rank. `execute_model_async` (async scheduling) pushes step N+1 to the ranks while they
+still run step N and reads its answer later: a rank runs its calls in order and rank 0's
+answers come back in order, so answers are read oldest first (every other call first settles
+the steps in flight: their answers come before its own). A rank that raises sends its error
+and the executor stops the group (see lab/executor/distributed.py); a rank that dies is seen
+by its process sentinel, checked every POLL_S while the executor waits, so the engine raises
+within a fraction of a second naming it.
 
 Ranks start through `mp_context(start_method)` (forkserver by default: torch and the model
 code are imported once in the fork server, each rank is a fork of it) and meet in one
@@ -51,6 +55,7 @@ from lab.executor.distributed import (
     RankFailedError,
     rank_failure,
 )
+from lab.executor.pipeline import InOrderSteps, StepFuture
 from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from lab.worker.config import WorkerConfig
 
@@ -206,6 +211,7 @@ class MultiprocExecutor(DistributedExecutor):
         self.ranks = RankProcesses(config, start_method)
         self._finalizer = weakref.finalize(self, self.ranks.kill)
         self.failure: str | None = None
+        self._in_flight = InOrderSteps(chain=False)  # steps sent, answers not read yet
         try:
             self._collect(set(range(self.world_size)), startup_timeout_s)  # every rank built
         except RankFailedError as e:
@@ -223,13 +229,21 @@ class MultiprocExecutor(DistributedExecutor):
     def collective_rpc(
         self, method: str | Callable, args: tuple = (), kwargs: dict | None = None,
     ) -> list[Any]:
+        self._in_flight.drain()
         self._send(method, args, kwargs, reply_all=True)
         results = self._collect(set(range(self.world_size)))
         return [results[r] for r in range(self.world_size)]
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        self._in_flight.drain()
         self._send("execute_model", (sched,), None, reply_all=False)
         return self._collect({0})[0]
+
+    def execute_model_async(self, sched: SchedulerOutput, chained: bool = False) -> StepFuture:
+        """Push the step to the ranks now; its answer is read when asked for. (`chained` needs
+        nothing here: after a failure the group is stopped and every later step raises.)"""
+        self._send("execute_model", (sched,), None, reply_all=False)
+        return self._in_flight.submit(lambda: self._collect({0})[0])
 
     def _send(self, method: str, args: tuple, kwargs: dict | None, reply_all: bool) -> None:
         if self.failure is not None:

@@ -8,6 +8,8 @@ executor=multiproc's processes.
       rendezvous: tcp://<rank 0 actor's node IP>:<a port free there>
       execute_model: the SchedulerOutput put in Ray's object store once, every actor's call
                      takes the reference; rank 0's output back (the others return None)
+      execute_model_async: the same calls made now, rank 0's output read when asked for (an
+                     actor runs its calls in order, so step N+1 queues behind step N)
 
 The cluster: an existing one when the `address` option (or RAY_ADDRESS) names it, else the one
 this process already joined, else a local one started on demand (`num_cpus` of it; no
@@ -38,6 +40,7 @@ from lab.executor.distributed import (
     RankFailedError,
     rank_failure,
 )
+from lab.executor.pipeline import InOrderSteps, StepFuture
 from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from lab.worker.config import WorkerConfig
 
@@ -104,6 +107,7 @@ class RayExecutor(DistributedExecutor):
         self.ray = import_ray()
         self.world_size = config.parallel.world_size
         self.failure: str | None = None
+        self._in_flight = InOrderSteps(chain=False)  # steps called, outputs not read yet
         self.group = RayGroup(self.ray)
         # an engine dropped without shutdown(): its actors end when it is collected (or at exit)
         self._finalizer = weakref.finalize(self, self.group.release)
@@ -160,9 +164,16 @@ class RayExecutor(DistributedExecutor):
                            for a in self.group.actors])
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        return self.execute_model_async(sched).result()
+
+    def execute_model_async(self, sched: SchedulerOutput, chained: bool = False) -> StepFuture:
+        """Call every actor now; rank 0's output is read when asked for, oldest step first.
+        (`chained` needs nothing here: after a failure the group is stopped and every later
+        step raises.)"""
         self._check()
         ref = self.ray.put(sched)  # serialized once; every actor reads the same object
-        return self._wait([a.execute_model.remote(ref) for a in self.group.actors])[0]
+        refs = [a.execute_model.remote(ref) for a in self.group.actors]
+        return self._in_flight.submit(lambda: self._wait(refs)[0])
 
     def _check(self) -> None:
         if self.failure is not None:

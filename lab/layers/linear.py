@@ -85,8 +85,10 @@ _MIN_PACK_ELEMENTS = 1 << 18  # 512 x 512: below it the packed call's fixed cost
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  packed: torch.Tensor | None) -> torch.Tensor:
-    """y = x W^T + b, through the prepacked weight when there is one."""
-    if packed is not None:
+    """y = x W^T + b, through the prepacked weight when there is one. Under torch.compile
+    (compile=true) always F.linear: inductor packs the weight for oneDNN itself (freezing) and
+    fuses the pointwise op that follows; it cannot take a weight packed outside the graph."""
+    if packed is not None and not torch.compiler.is_compiling():
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
 

@@ -129,6 +129,12 @@ class LayerOps:
         for op in OPS:
             setattr(self, op.name, LazyImpl(op, impl))
 
+    def resolve_all(self) -> None:
+        """Import every op's implementation now (torch.compile cannot trace the lazy import of
+        a first call; lab/compile resolves them before tracing)."""
+        for op in OPS:
+            getattr(self, op.name).resolve()
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

@@ -124,8 +124,12 @@ class DeepseekAttention(nn.Module):
         self._mla: MLAWeights | None = None
 
     def mla_weights(self) -> MLAWeights:
-        """Views of kv_b_proj's weight for the backend, rebuilt if the weight was replaced."""
-        if self._mla is None or self._mla.w_uk.data_ptr() != self.kv_b_proj.weight.data_ptr():
+        """Views of kv_b_proj's weight for the backend, rebuilt if the weight was replaced (not
+        checked under torch.compile, which cannot trace data_ptr: lab/compile builds them
+        before it traces)."""
+        stale = self._mla is None or (not torch.compiler.is_compiling() and
+                                      self._mla.w_uk.data_ptr() != self.kv_b_proj.weight.data_ptr())
+        if stale:
             self._mla = MLAWeights.from_kv_b_proj(self.kv_b_proj, self.spec)
         return self._mla
 

@@ -1,7 +1,11 @@
-"""SamplingMetadata: the batch's sampling parameters as tensors, built once per step.
+"""SamplingMetadata: the batch's sampling parameters as tensors, one step's view.
 
 Mirrors vLLM V1's `v1/sample/metadata.py`: one row per request in the batch, plus flags that let the
 sampler skip whole stages (the common all-greedy batch costs one argmax and nothing else).
+`from_params` builds it from each row's SamplingParams: the definition, used by tests and
+one-off callers. The model runner keeps the parameters as per-row arrays of its persistent batch
+instead and reads the metadata from them, rebuilt only when the batch changed
+(lab/worker/sampling_state.py; tests check both agree).
 """
 
 from __future__ import annotations
@@ -14,6 +18,12 @@ import torch
 from lab.sampling.params import SamplingParams
 
 _INT64_MAX = 2**63 - 1  # the most a top_k row holds (SamplingParams bounds top_k below only)
+
+
+def top_k_value(top_k: int) -> int:
+    """A top_k row: -1 and 0 both mean off (0); apply_top_k clamps k to the vocabulary, so the
+    most an int64 row needs to hold is 2**63 - 1."""
+    return min(max(int(top_k), 0), _INT64_MAX)
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -73,8 +83,7 @@ class SamplingMetadata:
             )
         greedy = [p.is_greedy for p in params]
         temps = [1.0 if g else float(p.temperature) for p, g in zip(params, greedy)]
-        # -1 and 0 both mean off; apply_top_k clamps k to the vocabulary, int64 must hold it
-        top_ks = [min(max(int(p.top_k), 0), _INT64_MAX) for p in params]
+        top_ks = [top_k_value(p.top_k) for p in params]
         top_ps = [float(p.top_p) for p in params]
         asked = [p.logprobs for p in params if p.logprobs is not None]
         min_ps = [float(p.min_p) for p in params]

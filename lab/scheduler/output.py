@@ -90,10 +90,17 @@ class SchedulerOutput:
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     shape: StepShape = field(default_factory=StepShape)  # for step-time models and statistics
+    step_id: int = 0  # the scheduler's count of schedule() calls: which step this is
 
     @property
     def is_empty(self) -> bool:
         return self.total_num_scheduled_tokens == 0
+
+    @property
+    def has_work(self) -> bool:
+        """Whether the worker must see this step: tokens, preemptions, swaps or finished ids."""
+        return bool(self.total_num_scheduled_tokens or self.preempted_req_ids or self.swap_out
+                    or self.swap_in or self.finished_req_ids)
 
 
 @dataclass

@@ -8,8 +8,9 @@ queue policy's call; *what happens* to a preempted request is the preemption str
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from lab.cache.manager import KVCacheManager, KVCacheStats
@@ -99,6 +100,10 @@ class Scheduler(StepRecovery):
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
         self.events = StepEvents()
+        # per step scheduled and not yet updated: request id -> (request, tokens computed once
+        # the step ran); the Request objects, as an id may be reused once its request ended
+        self._steps: dict[int, dict[str, tuple[Request, int]]] = {}
+        self._step_ids = itertools.count(1)
 
     # -- requests in and out -------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -155,8 +160,21 @@ class Scheduler(StepRecovery):
             self._schedule_waiting(plan)
         return self._make_output(plan)
 
+    def _num_tokens_ahead(self, req: Request) -> int:
+        """The tokens the worker will hold for `req` when the step being scheduled runs (the
+        async scheduler adds the tokens of steps still in flight)."""
+        return req.num_tokens
+
+    def _may_admit(self, req: Request) -> bool:
+        """Whether a waiting request may be admitted now (the async scheduler waits for a
+        preempted request's tokens still in flight)."""
+        return True
+
+    def _on_scheduled(self, req: Request) -> None:
+        """After `req` got its tokens of this step (num_computed_tokens advanced)."""
+
     def _tokens_owed(self, req: Request, budget: int) -> int:
-        n = req.num_tokens - req.num_computed_tokens
+        n = self._num_tokens_ahead(req) - req.num_computed_tokens
         threshold = self.config.long_prefill_token_threshold
         if 0 < threshold < n:
             n = threshold
@@ -227,6 +245,8 @@ class Scheduler(StepRecovery):
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         while self.waiting and plan.budget > 0:
             req = self.waiting.peek()
+            if not self._may_admit(req):
+                break
             if len(self.running) >= self.config.max_num_seqs:
                 if self._make_room(req, plan):
                     continue
@@ -291,6 +311,7 @@ class Scheduler(StepRecovery):
             preempted_req_ids={r.request_id for r in plan.preempted},
             swap_out=swaps.swap_out,
             swap_in=swaps.swap_in,
+            step_id=next(self._step_ids),
         )
         self.events.swap_out_blocks = len(swaps.swap_out)
         self.events.swap_in_blocks = len(swaps.swap_in)
@@ -298,6 +319,7 @@ class Scheduler(StepRecovery):
         self.events.swap_in_cached_blocks = swaps.num_reclaimed
         new_ids = {r.request_id for r in plan.new_reqs}
         chunks = []  # (new tokens, computed before, length) per scheduled request
+        record: dict[str, tuple[Request, int]] = {}
         for req in self.running:
             rid = req.request_id
             if rid not in plan.num_tokens:
@@ -311,9 +333,14 @@ class Scheduler(StepRecovery):
                 out.scheduled_cached_reqs.append(CachedRequestData(
                     rid, plan.new_blocks[rid], req.num_computed_tokens,
                     resumed_from_preemption=rid in plan.resumed))
-            chunks.append((plan.num_tokens[rid], req.num_computed_tokens, req.num_tokens))
+            chunks.append((plan.num_tokens[rid], req.num_computed_tokens,
+                           self._num_tokens_ahead(req)))
             req.num_computed_tokens += plan.num_tokens[rid]  # the next chunk can go next step
+            record[rid] = (req, req.num_computed_tokens)
+            self._on_scheduled(req)
         out.shape = StepShape.of(chunks, len(swaps.swap_in), len(swaps.swap_out))
+        if record:
+            self._steps[out.step_id] = record
         self._check_invariants(out)
         self.finished_req_ids = set()  # last: a schedule() that raises keeps them for the next
         return out
@@ -335,25 +362,51 @@ class Scheduler(StepRecovery):
         """Append sampled tokens, apply stop checks, free finished requests.
 
         Returns the requests that received a token this step (finished ones included).
+        A request that finished (or was aborted) after the step was scheduled gets nothing.
         """
         now = self.clock()
         updated = []
-        for rid in sched.num_scheduled_tokens:
-            token = result.sampled_token_ids.get(rid)
-            req = self.requests.get(rid)
-            if req is None or req.is_finished:
+        for rid, req, computed in self.take_step_requests(sched):
+            if req.is_finished:
                 continue
-            self.kv.cache_computed(req)  # the step's tokens are computed: share their blocks
+            if req.status == RequestStatus.RUNNING:  # (not preempted since): share its blocks
+                self.kv.cache_computed(req, computed)  # KV written up to `computed` only
+            token = result.sampled_token_ids.get(rid)
             if token is None:
                 continue  # a partial prefill samples nothing
+            self._on_token(req)
             req.append_output_token(token)
             _record_token_time(req, now)
             status = self._check_stop(req, token)
             if status is not None:
-                self.running.remove(req)
+                self._detach(req)
                 self._finish(req, status)
             updated.append(req)
         return updated
+
+    def step_requests(self, sched: SchedulerOutput) -> dict[str, Request]:
+        """The Request objects a step scheduled (finished ones included), by id."""
+        return {rid: req for rid, (req, _) in self._record(sched).items()}
+
+    def take_step_requests(self, sched: SchedulerOutput) -> Iterator[tuple[str, Request, int]]:
+        """(id, request, tokens computed once the step ran) of each request the step scheduled,
+        and forget the step."""
+        record = self._record(sched)
+        self._steps.pop(sched.step_id, None)
+        for rid, (req, computed) in record.items():
+            yield rid, req, computed
+
+    def _record(self, sched: SchedulerOutput) -> dict[str, tuple[Request, int]]:
+        """What schedule() recorded of the step; for a step it did not record (built by hand),
+        its ids' requests as they are now."""
+        record = self._steps.get(sched.step_id)
+        if record is None:
+            record = {rid: (req, req.num_computed_tokens) for rid in sched.num_scheduled_tokens
+                      if (req := self.requests.get(rid)) is not None}
+        return record
+
+    def _on_token(self, req: Request) -> None:
+        """A token of `req` arrives from its step, before it is appended."""
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         params = req.sampling_params

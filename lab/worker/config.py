@@ -34,3 +34,15 @@ class WorkerConfig:
     # world size 1: one worker, no process group
     parallel: ParallelConfig = ParallelConfig()
     expert_parallel: bool = False  # MoE: whole experts per rank instead of a slice of each
+    # decode batch sizes padded to and captured as CUDA graphs (lab/worker/cudagraph.py); None:
+    # vLLM's default sizes on CUDA, none on a CPU; enforce_eager: never pad or capture
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    enforce_eager: bool = False
+    # compile=true (lab/compile): the forward through torch.compile, compiled at start-up by
+    # warm-up steps of `compile_sizes` tokens (None: one decode-sized step)
+    compile: bool = False
+    compile_sizes: tuple[int, ...] | None = None
+    # micro-batching (lab/worker/ubatch.py): split a step of at least the threshold's tokens
+    enable_dbo: bool = False
+    dbo_decode_token_threshold: int = 32
+    dbo_prefill_token_threshold: int = 512

@@ -3,7 +3,8 @@
     kv_cache_bytes = gpu_memory_utilization * total
                      - resident          (torch memory before the profile run: weights, buffers)
                      - peak_activations  (what the profile forward added at its peak)
-                     - graphs            (CUDA graph pools, once captured)
+                     - graphs            (the decode CUDA graphs: Worker._graph_memory captures
+                                          them once in a throw-away runner and measures used())
                      - outside_torch     (the CUDA context, other processes on the device)
 
 The worker runs one dummy step of `max_num_batched_tokens` tokens (the largest step the
@@ -48,6 +49,11 @@ class DeviceMemory(ABC):
         """Wait for the device's queued work (what a peak must include); nothing by default."""
         return None
 
+    def used(self) -> int:
+        """The device's memory in use now, by anyone (torch's cached free blocks released
+        first): what capturing CUDA graphs adds to it is their cost."""
+        return self.allocated() + self.outside_torch()
+
 
 class CudaMemory(DeviceMemory):
     """torch.cuda's allocator statistics for one device."""
@@ -74,6 +80,12 @@ class CudaMemory(DeviceMemory):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
+
+    def used(self) -> int:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        return total - free
 
 
 @dataclass(frozen=True)

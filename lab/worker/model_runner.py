@@ -5,10 +5,17 @@ a row of the token-id buffer and of the block table; a preempted request gives i
 keeps its token ids in its state until it resumes.
 
 The requests of a step also sit in a dense *persistent batch* (vLLM's InputBatch order): batch
-index i is row i of the step's logits. The logits processors follow its changes (added, removed,
-moved requests) through BatchUpdates and process the whole batch at once. Every scheduled request
-is sampled, a partial prefill too (its token is dropped and its seeded generator is not
-advanced), so the batch never has to be re-gathered for sampling.
+index i is row i of the step's logits. Its row stores (lab/worker/persistent_batch.py) hold what
+a step reads as slices [:num_reqs] — the inputs' rows (token-table row, computed and held
+tokens), the sampling parameters (lab/worker/sampling_state.py: the SamplingMetadata is rebuilt
+from them only when the batch changed) and the request states — and follow its adds, removes
+and moves, as the logits processors do through BatchUpdates. Every scheduled request is sampled,
+a partial prefill too (its token is dropped and its seeded generator is not advanced), so the
+batch is never re-gathered for sampling. The Python loops left per step read the
+SchedulerOutput's per-request entries and append kept tokens to the requests' output lists (as
+vLLM's); the index arithmetic is numpy into persistent buffers (pinned on CUDA, copied without
+blocking). A uniform decode batch runs padded to a capture size from static buffers when the
+runner has a PaddedDecode (lab/worker/cudagraph.py): a CUDA-graph replay, or eagerly on a CPU.
 
 Tensor parallelism (`tp`, the worker's TP group): every rank runs the same steps on the same
 SchedulerOutputs and keeps the same request state and persistent batch. `compute_logits` is a
@@ -22,7 +29,6 @@ takes none of these detours.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -32,38 +38,29 @@ from lab.cache.block_table import BlockTable
 from lab.distributed.parallel_state import GroupCoordinator
 from lab.logits_processors.base import LogitsProcessor
 from lab.sampling.logprobs import LogprobsLists
-from lab.sampling.metadata import SamplingMetadata, make_generator
-from lab.sampling.params import SamplingParams
-from lab.sampling.sampler import LogprobsTensors, Sampler, compute_logprobs, gather_logprobs
+from lab.sampling.metadata import make_generator
+from lab.sampling.sampler import LogprobsTensors, Sampler
 from lab.scheduler.output import (
     CachedRequestData,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
 )
-from lab.worker.inputs import BatchRows, StepBatch, prepare_inputs
-from lab.worker.persistent_batch import PersistentBatch
+from lab.worker.buffers import InputBuffers
+from lab.worker.cudagraph import PaddedDecode, padding_applies
+from lab.worker.inputs import (
+    BatchRows,
+    InputRows,
+    StepBatch,
+    prepare_inputs,
+    prepare_padded_decode,
+)
+from lab.worker.persistent_batch import ObjectRows, PersistentBatch
+from lab.worker.request_state import CachedRequestState
+from lab.worker.sampling_state import NO_LOGPROBS, SamplingRows
+from lab.worker.step_logprobs import prompt_logprobs, sampled_logprobs
 from lab.worker.swap import BlockSwapper
-
-
-@dataclass
-class CachedRequestState:
-    req_id: str
-    params: SamplingParams
-    generator: torch.Generator | None
-    prompt_token_ids: list[int]
-    num_computed: int
-    output_token_ids: list[int] = field(default_factory=list)  # live: processors read it
-    row: int | None = None  # its row of the token / block tables while it has one
-    prompt_logprobs_done: int = 0  # prompt positions whose next-token logprobs were sent
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+from lab.worker.ubatch import UbatchConfig, UbatchKnobs, run_model
 
 
 class ModelRunner:
@@ -73,7 +70,13 @@ class ModelRunner:
         self, model: torch.nn.Module, attn_backend: AttentionBackend, device: torch.device,
         block_size: int, max_num_reqs: int, max_model_len: int,
         logits_processors: Sequence[LogitsProcessor] = (), tp: GroupCoordinator | None = None,
+        max_num_tokens: int | None = None, cudagraph_sizes: Sequence[int] = (),
+        ubatch: UbatchKnobs | None = None,
     ) -> None:
+        """`max_num_tokens`: the most tokens of one step (max_num_batched_tokens; None:
+        max_model_len); `cudagraph_sizes`: the decode sizes to pad to (resolved already,
+        lab/worker/cudagraph.py; () = never pad); `ubatch`: when an eager step runs as two
+        micro-batches (lab/worker/ubatch.py; off by default)."""
         self.model = model
         self.tp = tp or GroupCoordinator.single()
         # only the TP group's first rank samples: the others keep no processor state
@@ -86,7 +89,19 @@ class ModelRunner:
         self.block_table = BlockTable(max_num_reqs, -(-max_model_len // block_size))
         self.free_rows = list(range(max_num_reqs - 1, -1, -1))
         self.states: dict[str, CachedRequestState] = {}
-        self.batch = PersistentBatch(max_num_reqs)
+        pin = device.type == "cuda"
+        self.rows = InputRows(max_num_reqs)
+        self.sampling_rows = SamplingRows(max_num_reqs, device, pin)
+        self.row_states = ObjectRows(max_num_reqs)
+        self.batch = PersistentBatch(max_num_reqs,
+                                     [self.rows, self.sampling_rows, self.row_states])
+        self.buffers = InputBuffers(max_num_reqs, max(max_num_tokens or max_model_len,
+                                                      max_num_reqs),
+                                    self.block_table.max_blocks_per_req, device, pin)
+        self.cudagraph_sizes = tuple(cudagraph_sizes)
+        self.ubatch = ubatch or UbatchConfig()
+        self.padded: PaddedDecode | None = None
+        self.prompt_logprobs_reqs: dict[str, None] = {}  # requests still owed prompt logprobs
         self.kv_caches: list[torch.Tensor] = []
         self.kv_scales: KVScales | None = None  # an fp8 cache's scales, calibrated on first write
         self.swapper: BlockSwapper | None = None
@@ -94,68 +109,116 @@ class ModelRunner:
         self.sampler = Sampler(self.processors)
 
     def initialize_cache(self, kv_cache: KVCache, swapper: BlockSwapper | None = None) -> None:
-        """Hold the cache the backend allocated (its layers and, for fp8, its scales)."""
+        """Hold the cache the backend allocated (its layers and, for fp8, its scales), and
+        set up the padded decode path if it applies (lab/worker/cudagraph.py)."""
         self.kv_caches, self.kv_scales = kv_cache.layers, kv_cache.scales
         self.swapper = swapper
+        self.padded = self._padded_decode()
+
+    def _padded_decode(self) -> PaddedDecode | None:
+        if not self.cudagraph_sizes or not padding_applies(
+                self.attn_backend, self.device, self.tp.world_size, self.kv_scales is not None):
+            return None
+        return PaddedDecode(self.cudagraph_sizes, self.model, self.attn_backend, self.buffers,
+                            self.block_size, self.max_model_len, self.device)
+
+    def capture_graphs(self) -> int:
+        """Capture the padded decode's CUDA graphs (CUDA only); how many were captured."""
+        if self.padded is None or not self.padded.can_capture:
+            return 0
+        if not self.padded.capture(self.kv_caches):
+            self.padded = None
+            return 0
+        return len(self.padded.graphs)
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        self.buffers.fence.wait()  # the last step's copies have read the host buffers
         self._swap(sched)
         self._update_states(sched)
         self._update_batch(sched)
         if sched.is_empty:
             return ModelRunnerOutput()
-        req_ids = self.batch.req_ids[: self.batch.num_reqs]
-        batch = prepare_inputs(
-            self._batch_rows(req_ids, sched), self.token_ids, self.block_table, self.block_size,
-            self.max_model_len, self.device, self.kv_scales,
-        )
-        metadata = self.attn_backend.build_metadata(batch.attn_inputs)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, metadata)
-        self._advance_computed(sched)
-        states = [self.states[r] for r in req_ids]
+        n = self.batch.num_reqs
+        req_ids = self.batch.req_ids
+        rows = self.rows.step(np.fromiter(map(sched.num_scheduled_tokens.__getitem__, req_ids),
+                                          dtype=np.int64, count=n))
+        batch = self._prepare(rows)
+        hidden = self._forward(batch)
+        self.rows.num_computed[:n] += rows.num_scheduled
         out = ModelRunnerOutput()
-        self._prompt_logprobs(states, sched, batch, hidden, out)
+        self._prompt_logprobs(rows, batch, hidden, out)
         if batch.any_sampled:
             logits = self.model.compute_logits(hidden[batch.logits_indices])
             if self.samples:
-                self._sample(states, batch, logits, out)
+                self._sample(req_ids, batch, logits, out)
             else:
-                self._receive_sampled(states, batch)
+                self._receive_sampled(batch)
+        self.buffers.fence.record()
         return out if self.samples else ModelRunnerOutput()
 
-    def _sample(
-        self, states: list[CachedRequestState], batch: StepBatch, logits: torch.Tensor,
-        out: ModelRunnerOutput,
-    ) -> None:
+    def _prepare(self, rows: BatchRows) -> StepBatch:
+        size = (self.padded.size_for(len(rows.num_scheduled))
+                if self.padded is not None and rows.is_uniform_decode else None)
+        if size is not None:
+            return prepare_padded_decode(rows, self.token_ids, self.block_table, self.block_size,
+                                         self.max_model_len, self.buffers, size)
+        return prepare_inputs(rows, self.token_ids, self.block_table, self.block_size,
+                              self.max_model_len, self.buffers, self.kv_scales)
+
+    def _forward(self, batch: StepBatch) -> torch.Tensor:
+        """The step's hidden states (a padded decode: P rows, the first num_reqs real)."""
+        if batch.padded_size is not None:
+            return self.padded.run(batch, self.kv_caches)
+        return run_model(self.model, self.attn_backend, batch, self.kv_caches, self.ubatch)
+
+    def _sample(self, req_ids: list[str], batch: StepBatch, logits: torch.Tensor,
+                out: ModelRunnerOutput) -> None:
         """Sample every row, keep the tokens of complete prompts, tell the processors."""
-        kept = batch.sampled.tolist()
-        meta = SamplingMetadata.from_params(
-            [s.params for s in states],
-            [s.generator if ok else None for s, ok in zip(states, kept)], self.device)
+        kept = batch.sampled
+        meta = self.sampling_rows.metadata(len(req_ids), kept)
         result = self.sampler.forward(logits, meta)
         self.tp.broadcast(result.sampled)  # the other TP ranks append the same tokens
         tokens = result.sampled.tolist()
-        for state, token, ok in zip(states, tokens, kept):
-            if ok:
-                self._append_token(state, token)
-                out.sampled_token_ids[state.req_id] = token
+        idx = self._append_sampled(kept, tokens)
+        out.sampled_token_ids.update((req_ids[i], tokens[i]) for i in idx)
         if self.processors:
             appended = result.sampled.masked_fill(
-                ~torch.from_numpy(batch.sampled).to(result.sampled.device), -1)
+                ~torch.from_numpy(kept).to(result.sampled.device), -1)
             for processor in self.processors:
                 processor.on_sampled(appended)
         if result.logprobs is not None:
-            out.logprobs.update(_logprobs_of(states, kept, result.logprobs))
+            out.logprobs.update(self._logprobs_of(req_ids, kept, result.logprobs))
 
-    def _receive_sampled(self, states: list[CachedRequestState], batch: StepBatch) -> None:
+    def _receive_sampled(self, batch: StepBatch) -> None:
         """A TP rank that does not sample: the first rank's sampled ids of this step (one per
         batch row), appended to the requests whose prompt is complete, as the first rank did."""
-        sampled = torch.empty(len(states), dtype=torch.int64, device=self.device)
-        tokens = self.tp.broadcast(sampled).tolist()
-        for state, token, ok in zip(states, tokens, batch.sampled.tolist()):
-            if ok:
-                self._append_token(state, token)
+        sampled = torch.empty(len(batch.sampled), dtype=torch.int64, device=self.device)
+        self._append_sampled(batch.sampled, self.tp.broadcast(sampled).tolist())
+
+    def _append_sampled(self, kept: np.ndarray, tokens: list[int]) -> list[int]:
+        """Append row i's token to its request wherever kept[i]; the kept rows."""
+        idx = np.flatnonzero(kept)
+        rows, pos = self.rows.token_row[idx], self.rows.num_tokens[idx]
+        fits = pos < self.token_ids.shape[1]
+        self.token_ids[rows[fits], pos[fits]] = np.asarray(tokens, dtype=np.int64)[idx[fits]]
+        self.rows.num_tokens[idx] += 1
+        idx = idx.tolist()
+        states = self.row_states.items
+        for i in idx:
+            states[i].output_token_ids.append(tokens[i])
+        return idx
+
+    def _logprobs_of(self, req_ids: list[str], kept: np.ndarray,
+                     lp: LogprobsTensors) -> dict[str, LogprobsLists]:
+        """The sampled logprobs of the kept rows that asked for them."""
+        n = len(req_ids)
+        rows = np.flatnonzero(kept & (self.sampling_rows.num_logprobs[:n] != NO_LOGPROBS))
+        if not rows.size:
+            return {}
+        return sampled_logprobs(req_ids, rows.tolist(),
+                                self.sampling_rows.num_logprobs[rows].tolist(), lp)
+
     def _swap(self, sched: SchedulerOutput) -> None:
         """Apply the step's KV block swaps (before anything this step writes the cache)."""
         if not (sched.swap_out or sched.swap_in):
@@ -169,31 +232,54 @@ class ModelRunner:
     def _update_states(self, sched: SchedulerOutput) -> None:
         for rid in sched.finished_req_ids:
             state = self.states.pop(rid, None)
-            if state is not None and state.row is not None:
-                self._release_row(state)
+            self.prompt_logprobs_reqs.pop(rid, None)
+            if state is not None:
+                self._leave(state)
         for rid in sched.preempted_req_ids:
             state = self.states.get(rid)
-            if state is not None and state.row is not None:
-                self._release_row(state)
+            if state is not None:
+                self._leave(state)
         for new in sched.scheduled_new_reqs:
             self._add_request(new)
-        for cached in sched.scheduled_cached_reqs:
-            self._update_request(cached)
+        states, index, num_computed = self.states, self.batch.index_map, self.rows.num_computed
+        for cached in sched.scheduled_cached_reqs:  # the hot loop: one per running request
+            state = states[cached.req_id]
+            state.num_computed = cached.num_computed_tokens
+            if cached.resumed_from_preemption or cached.new_block_ids:
+                self._update_blocks(state, cached)
+            i = index.get(cached.req_id)
+            if i is not None:  # in the batch: the scheduler's count is the truth
+                num_computed[i] = cached.num_computed_tokens
+
+    def _leave(self, state: CachedRequestState) -> None:
+        """A finished or preempted request gives back its batch row and its table row."""
+        if state.req_id in self.batch:
+            self.batch.remove(state.req_id)
+        if state.row is not None:
+            self._release_row(state)
 
     def _update_batch(self, sched: SchedulerOutput) -> None:
         """The persistent batch holds exactly this step's requests (as vLLM's: finished,
         preempted and unscheduled ones leave it), densely; the processors follow."""
         scheduled = sched.num_scheduled_tokens
-        for rid in [r for r in self.batch.req_ids if r is not None and r not in scheduled]:
+        for rid in sorted(self.batch.ids - scheduled.keys(), key=self.batch.index_of):
             self.batch.remove(rid)
-        for rid in scheduled:
-            if rid not in self.batch:
-                state = self.states[rid]
-                self.batch.add(rid, state.params, state.prompt_token_ids, state.output_token_ids)
+        if len(self.batch) < len(scheduled):
+            for rid in scheduled:  # adds in the schedule's order
+                if rid not in self.batch:
+                    self._add_to_batch(self.states[rid])
         self.batch.condense()
         update = self.batch.take_update()
         for processor in self.processors:
             processor.update_state(update)
+
+    def _add_to_batch(self, state: CachedRequestState) -> None:
+        """Put a request in the batch and write its row of every store."""
+        i = self.batch.add(state.req_id, state.params, state.prompt_token_ids,
+                           state.output_token_ids)
+        self.rows.set_row(i, state.row, state.num_computed, state.num_tokens)
+        self.sampling_rows.set_row(i, state.params, state.generator)
+        self.row_states.items[i] = state
 
     def _add_request(self, new: NewRequestData) -> None:
         seed = new.sampling_params.seed
@@ -203,16 +289,17 @@ class ModelRunner:
             new.num_computed_tokens,
         )
         self.states[new.req_id] = state
+        if new.sampling_params.prompt_logprobs is not None:
+            self.prompt_logprobs_reqs[new.req_id] = None
         self._take_row(state, new.block_ids)
 
-    def _update_request(self, cached: CachedRequestData) -> None:
-        state = self.states[cached.req_id]
-        state.num_computed = cached.num_computed_tokens
+    def _update_blocks(self, state: CachedRequestState, cached: CachedRequestData) -> None:
+        """A resumed request takes a fresh row with its new blocks; another appends them."""
         if cached.resumed_from_preemption:
             if state.row is not None:
                 self._release_row(state)
             self._take_row(state, cached.new_block_ids)
-        elif cached.new_block_ids:
+        else:
             self.block_table.append_row(state.row, cached.new_block_ids)
 
     def _take_row(self, state: CachedRequestState, block_ids: list[int]) -> None:
@@ -226,72 +313,22 @@ class ModelRunner:
         self.free_rows.append(state.row)
         state.row = None
 
-    def _append_token(self, state: CachedRequestState, token: int) -> None:
-        if state.num_tokens < self.token_ids.shape[1]:
-            self.token_ids[state.row, state.num_tokens] = token
-        state.output_token_ids.append(token)
-
-    def _advance_computed(self, sched: SchedulerOutput) -> None:
-        for rid, n in sched.num_scheduled_tokens.items():
-            self.states[rid].num_computed += n
-
-    def _batch_rows(self, req_ids: list[str], sched: SchedulerOutput) -> BatchRows:
-        states = [self.states[r] for r in req_ids]
-        return BatchRows(
-            req_ids=req_ids,
-            rows=np.array([s.row for s in states], dtype=np.int64),
-            num_computed=np.array([s.num_computed for s in states], dtype=np.int64),
-            num_scheduled=np.array([sched.num_scheduled_tokens[r] for r in req_ids],
-                                   dtype=np.int64),
-            num_tokens=np.array([s.num_tokens for s in states], dtype=np.int64),
-        )
-
     # -- prompt logprobs -------------------------------------------------------------------
-    def _prompt_logprobs(
-        self, states: list[CachedRequestState], sched: SchedulerOutput, batch: StepBatch,
-        hidden: torch.Tensor, out: ModelRunnerOutput,
-    ) -> None:
-        """For requests that asked: the logprob of every prompt token after the first, from
-        the position before it, for the prompt positions computed this step (each position
-        once, even when a preempted request recomputes it)."""
-        for i, state in enumerate(states):
-            k = state.params.prompt_logprobs
-            prompt_len = len(state.prompt_token_ids)
-            if k is None or state.prompt_logprobs_done >= prompt_len - 1:
-                continue
-            computed_before = state.num_computed - sched.num_scheduled_tokens[state.req_id]
-            first = max(computed_before, state.prompt_logprobs_done)
-            last = min(state.num_computed, prompt_len - 1)  # positions [first, last)
-            if first >= last:
-                continue
-            start = int(batch.token_starts[i]) + first - computed_before
-            logits = self.model.compute_logits(hidden[start : start + last - first])
-            state.prompt_logprobs_done = last
-            if logits is None:  # a TP rank that does not sample took part in the collective
-                continue
-            targets = torch.tensor(state.prompt_token_ids[first + 1 : last + 1],
-                                   device=logits.device)
-            lp = compute_logprobs(logits)
-            k = lp.shape[-1] if k < 0 else min(k, lp.shape[-1])
-            out.prompt_logprobs[state.req_id] = _to_lists(gather_logprobs(lp, k, targets))
-
-
-def _logprobs_of(
-    states: list[CachedRequestState], kept: list[bool], lp: LogprobsTensors,
-) -> dict[str, LogprobsLists]:
-    """Each asking row's entry, cut to the top-k it asked for (the batch computed the most)."""
-    rows = [i for i, (s, ok) in enumerate(zip(states, kept)) if ok and s.params.logprobs is not None]
-    if not rows:
-        return {}
-    ids, values, ranks = (lp.token_ids[rows].tolist(), lp.logprobs[rows].tolist(),
-                          lp.ranks[rows].tolist())
-    result = {}
-    for j, i in enumerate(rows):
-        k = states[i].params.logprobs
-        width = len(ids[j]) if k < 0 else k + 1
-        result[states[i].req_id] = LogprobsLists([ids[j][:width]], [values[j][:width]], [ranks[j]])
-    return result
-
-
-def _to_lists(lp: LogprobsTensors) -> LogprobsLists:
-    return LogprobsLists(lp.token_ids.tolist(), lp.logprobs.tolist(), lp.ranks.tolist())
+    def _prompt_logprobs(self, rows: BatchRows, batch: StepBatch, hidden: torch.Tensor,
+                         out: ModelRunnerOutput) -> None:
+        """The prompt logprobs of this step's positions (lab/worker/step_logprobs.py) for the
+        requests still owed some, in batch order (every TP rank makes the same compute_logits
+        calls)."""
+        if not self.prompt_logprobs_reqs:
+            return
+        owed = sorted(self.batch.index_of(r) for r in self.prompt_logprobs_reqs
+                      if r in self.batch)
+        for i in owed:
+            state = self.row_states.items[i]
+            lists = prompt_logprobs(self.model, state, int(rows.num_computed[i]),
+                                    int(rows.num_scheduled[i]), int(batch.token_starts[i]),
+                                    hidden)
+            if lists is not None:
+                out.prompt_logprobs[state.req_id] = lists
+            if state.prompt_logprobs_done >= len(state.prompt_token_ids) - 1:
+                self.prompt_logprobs_reqs.pop(state.req_id)

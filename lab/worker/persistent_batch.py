@@ -1,8 +1,13 @@
 """PersistentBatch: the dense request batch the model runner keeps across steps.
 
-vLLM V1's InputBatch index bookkeeping without its tensors: which request lives at which batch
-row, where a new request goes, how the batch is kept dense, and the `BatchUpdate` that tells the
-logits processors (lab.logits_processors.base) what changed since they last looked.
+vLLM V1's InputBatch index bookkeeping: which request lives at which batch row, where a new
+request goes, how the batch is kept dense, and the `BatchUpdate` that tells the logits
+processors (lab.logits_processors.base) what changed since they last looked. The per-row data
+lives in `RowStore`s the batch is built with (the runner's input rows, lab/worker/inputs.py; the
+sampling parameters, lab/worker/sampling_state.py; the request states, `ObjectRows`): whoever
+adds a request writes its row in each store (at the index `add` returns); the batch moves rows
+in every store when it condenses or swaps, and clears a removed request's row. So row i of
+every store belongs to `req_ids[i]`, and a step reads its rows as slices [:num_reqs].
 
 Invariants (checked by tests/worker/test_persistent_batch.py):
 - `req_ids[i]` is the request at row i, or None for a hole; `index_of(r)` is its inverse.
@@ -30,6 +35,8 @@ either way; the common order keeps processors' work to cheap row moves.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
+from typing import Protocol
 
 from lab.logits_processors.base import (
     AddedRequest,
@@ -40,14 +47,46 @@ from lab.logits_processors.base import (
 from lab.sampling.params import SamplingParams
 
 
-class PersistentBatch:
-    """Request ids at dense batch rows, recording changes as logits-processor BatchUpdates."""
+class RowStore(Protocol):
+    """Per-row data of the batch (max_num_reqs rows), kept in step with it."""
+
+    def move(self, src: int, dst: int) -> None:
+        """Row src's data now lives at dst (src is left as it is: it will be cleared or
+        overwritten)."""
+
+    def swap(self, a: int, b: int) -> None:
+        """Rows a and b trade their data."""
+
+    def clear(self, index: int) -> None:
+        """The row's request left the batch: neutral data (and no reference to the request)."""
+
+
+class ObjectRows:
+    """A RowStore of one Python object per row (None: empty)."""
 
     def __init__(self, max_num_reqs: int) -> None:
-        """An empty batch of at most max_num_reqs rows."""
+        self.items: list[object | None] = [None] * max_num_reqs
+
+    def move(self, src: int, dst: int) -> None:
+        self.items[dst] = self.items[src]
+
+    def swap(self, a: int, b: int) -> None:
+        self.items[a], self.items[b] = self.items[b], self.items[a]
+
+    def clear(self, index: int) -> None:
+        self.items[index] = None
+
+
+class PersistentBatch:
+    """Request ids at dense batch rows, recording changes as logits-processor BatchUpdates and
+    moving the rows of its stores."""
+
+    def __init__(self, max_num_reqs: int, stores: Sequence[RowStore] = ()) -> None:
+        """An empty batch of at most max_num_reqs rows, keeping `stores` in step."""
         if max_num_reqs < 1:
             raise ValueError(f"max_num_reqs must be at least 1, got {max_num_reqs}")
         self.max_num_reqs = max_num_reqs
+        self.stores = list(stores)
         self._req_ids: list[str | None] = []
         self._slots: list[AddedRequest | None] = []  # the add record of the request at a row
         self._index: dict[str, int] = {}
@@ -76,6 +115,16 @@ class PersistentBatch:
     def is_dense(self) -> bool:
         """True when rows 0..num_reqs-1 hold all the requests (no holes)."""
         return len(self._req_ids) == len(self._index)
+
+    @property
+    def ids(self):
+        """The request ids in the batch (a live set-like view: set operations run in C)."""
+        return self._index.keys()
+
+    @property
+    def index_map(self) -> dict[str, int]:
+        """Request id -> row, the live dict (read it, never write it): `.get` in hot loops."""
+        return self._index
 
     def index_of(self, req_id: str) -> int:
         """The row of `req_id` (KeyError if it is not in the batch)."""
@@ -118,6 +167,8 @@ class PersistentBatch:
         self._note_add_or_remove()
         self._req_ids[index] = None
         self._slots[index] = None
+        for store in self.stores:
+            store.clear(index)
         heapq.heappush(self._holes, index)
         self._trim()
         return index
@@ -131,6 +182,9 @@ class PersistentBatch:
             req_id = self._req_ids[last]
             self._req_ids[hole], self._slots[hole] = req_id, self._slots[last]
             self._index[req_id] = hole
+            for store in self.stores:
+                store.move(last, hole)
+                store.clear(last)
             self._moved.append(MovedRequest(last, hole, MoveDirectionality.UNIDIRECTIONAL))
             self._req_ids.pop()
             self._slots.pop()
@@ -149,6 +203,8 @@ class PersistentBatch:
         self._slots[i], self._slots[j] = self._slots[j], self._slots[i]
         self._index[self._req_ids[i]] = i
         self._index[self._req_ids[j]] = j
+        for store in self.stores:
+            store.swap(i, j)
         self._moved.append(MovedRequest(i, j, MoveDirectionality.SWAP))
 
     def take_update(self) -> BatchUpdate | None:

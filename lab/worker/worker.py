@@ -9,14 +9,17 @@ of one rank (executor=uniproc) builds no process group at all.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from lab.attention.base import KVCacheSpec, kv_cache_torch_dtype
+from lab.compile import CompileOptions, compile_model, warmup_sizes
 from lab.distributed.parallel_state import (
     ParallelState,
     destroy_parallel_state,
@@ -31,6 +34,7 @@ from lab.quant.base import weight_bytes
 from lab.sampling.params import SamplingParams
 from lab.scheduler.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lab.worker.config import WorkerConfig
+from lab.worker.cudagraph import resolve_capture_sizes
 from lab.worker.memory import CudaMemory, DeviceMemory, profile_memory
 from lab.worker.model_runner import ModelRunner
 from lab.worker.swap import BlockSwapper
@@ -137,6 +141,9 @@ class Worker:
         self.block_size = config.block_size
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.cudagraph_sizes = resolve_capture_sizes(
+            config.cudagraph_capture_sizes, config.enforce_eager, self.device,
+            config.max_num_seqs, config.max_num_batched_tokens)
         self.hf_config = None
         self.dtype = None
         self.model = None
@@ -144,6 +151,8 @@ class Worker:
         self.quant = config.quant
         self.weight_bytes = 0
         self._load(config.model_path, config.dtype, config.kernels)
+        self.compiled = compile_model(self.model, self.attn_backend, CompileOptions.for_device(
+            self.device)) if config.compile else None  # compiles on its first step
         self.runner: ModelRunner | None = None
 
     def _join_group(self, init_method: str | None) -> ParallelState:
@@ -192,7 +201,8 @@ class Worker:
         budget = ""
         if self.memory is not None:
             profile = profile_memory(
-                self.memory, lambda: self._dummy_forward(self.max_num_batched_tokens))
+                self.memory, lambda: self._dummy_forward(self.max_num_batched_tokens),
+                graphs=self._graph_memory())
             available = profile.kv_cache_bytes(sizing.gpu_memory_utilization)
             budget = f" = {profile.describe(sizing.gpu_memory_utilization)}"
             log.info("KV cache budget: %.2f GiB%s", available / 2**30, budget)
@@ -211,19 +221,40 @@ class Worker:
     def _cpu_kv_bytes(self, cpu_kv_cache_gb: float | None) -> int:
         return cpu_kv_bytes(cpu_kv_cache_gb, self.hf_config, self.block_size, self.bytes_per_block)
 
+    def _graph_memory(self) -> int:
+        """Bytes the decode CUDA graphs take: captured once in a throw-away runner (a 2-block
+        cache, the model's longest context) and released; 0 when none are captured."""
+        if not self.cudagraph_sizes:
+            return 0
+        before = self.memory.used()
+        runner = self._make_runner(2, self._max_positions(), self.max_num_batched_tokens)
+        graph_bytes = self.memory.used() - before if runner.capture_graphs() else 0
+        del runner
+        gc.collect()
+        log.info("CUDA graphs of decode sizes %s: %.2f GiB", list(self.cudagraph_sizes),
+                 graph_bytes / 2**30)
+        return max(graph_bytes, 0)
+
+    def _max_positions(self) -> int:
+        return getattr(self.hf_config, "max_position_embeddings", None) or 2048
+
     def _dummy_forward(self, num_tokens: int) -> None:
         num_blocks = -(-num_tokens // self.block_size) + 1
-        runner = self._make_runner(num_blocks, max_model_len=num_tokens + 1)
+        runner = self._make_runner(num_blocks, max_model_len=num_tokens + 1,
+                                   max_num_tokens=num_tokens)
         req = NewRequestData("profile", [0] * num_tokens, SamplingParams(temperature=0),
                              list(range(1, num_blocks)), 0)
         runner.execute_model(SchedulerOutput(
             scheduled_new_reqs=[req], num_scheduled_tokens={"profile": num_tokens},
             total_num_scheduled_tokens=num_tokens))
 
-    def _make_runner(self, num_blocks: int, max_model_len: int) -> ModelRunner:
+    def _make_runner(self, num_blocks: int, max_model_len: int,
+                     max_num_tokens: int | None = None) -> ModelRunner:
         runner = ModelRunner(self.model, self.attn_backend, self.device, self.block_size,
                              self.max_num_seqs, max_model_len, self._logits_processors(),
-                             tp=self.state.tp)
+                             tp=self.state.tp,
+                             max_num_tokens=max_num_tokens or self.max_num_batched_tokens,
+                             cudagraph_sizes=self.cudagraph_sizes, ubatch=self.config)
         runner.initialize_cache(self.attn_backend.allocate_kv_cache(
             self.kv_spec, num_blocks, self.model.num_layers, self.device))
         return runner
@@ -240,9 +271,25 @@ class Worker:
     ) -> None:
         """Allocate the device KV cache, and a CPU swap space of `num_swap_blocks` blocks."""
         self.runner = self._make_runner(num_blocks, max_model_len)
+        if self.compiled is not None:
+            self._warm_up_compiled()
+        if self.runner.capture_graphs():
+            log.info("captured the decode CUDA graphs of sizes %s",
+                     sorted(self.runner.padded.graphs))
         if num_swap_blocks > 0:
             self.runner.swapper = BlockSwapper(
                 self.runner.kv_caches, self.kv_spec, num_swap_blocks, self.ops.copy_blocks)
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(sched)
+
+    def _warm_up_compiled(self) -> None:
+        """compile=true: the warm-up steps (compile_sizes) before serving, so no request pays
+        for the compile (the first one compiles the graph every later step reuses)."""
+        start = time.perf_counter()
+        sizes = warmup_sizes(self.config.compile_sizes, self.max_num_seqs,
+                             self.max_num_batched_tokens)
+        for num_tokens in sizes:
+            self._dummy_forward(num_tokens)
+        log.info("compile=true: compiled and warmed up (%s tokens) in %.1f s",
+                 ", ".join(map(str, sizes)), time.perf_counter() - start)

@@ -23,10 +23,15 @@ from omegaconf import OmegaConf
 
 from lab.engine.core import EngineCore
 from lab.engine.request import RequestStatus
-from lab.executor.base import Executor
 from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from tests.options import CONF_DIR, options
-from tests.scheduler.fakes import check_outcomes, fake_execute, make_request, make_scheduler
+from tests.scheduler.fakes import (
+    ModelFreeExecutor,
+    check_outcomes,
+    fake_execute,
+    make_request,
+    make_scheduler,
+)
 
 MAX_LEN, BLOCK = 32, 4
 TALLY: Counter[str] = Counter()  # over the module's examples; printed with -s
@@ -43,7 +48,7 @@ class InjectedFault(Exception):
     pass
 
 
-class FaultyExecutor(Executor):
+class FaultyExecutor(ModelFreeExecutor):
     """The fake model (tests/scheduler/fakes.py) with faults on chosen execute_model calls."""
 
     def __init__(self, scheduler, faults: list[tuple[int, str, str]]) -> None:
@@ -59,15 +64,6 @@ class FaultyExecutor(Executor):
                 del self.faults[i]
                 return kind
         return None
-
-    def model_info(self):  # pragma: no cover - not used here
-        raise NotImplementedError
-
-    def determine_num_blocks(self, sizing):  # pragma: no cover - not used here
-        raise NotImplementedError
-
-    def initialize_cache(self, num_blocks, max_model_len, num_swap_blocks=0):  # pragma: no cover
-        raise NotImplementedError
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         kind = self._fault(sched)

@@ -37,6 +37,9 @@ BAD = [  # (override, the allowed values the message states)
     ("tensor_parallel_size=0", "integer >= 1"),
     ("expert_parallel=2", "true or false"),
     ("distributed_backend=mpi", "auto, gloo, nccl"),
+    ("enable_dbo=yes", "true or false"),
+    ("dbo_decode_token_threshold=1", "integer >= 2"),
+    ("dbo_prefill_token_threshold=0", "integer >= 2"),
     # tensor parallelism needs an executor with one worker per rank; NCCL needs CUDA
     ("tensor_parallel_size=2", "executor=multiproc"),
     ("distributed_backend=nccl", "CUDA only"),

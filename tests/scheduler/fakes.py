@@ -8,6 +8,7 @@ from lab.cache.hashing import make_block_hasher
 from lab.cache.manager import KVCacheManager
 from lab.cache.swap import SwapSpace
 from lab.engine.request import Request
+from lab.executor.base import Executor
 from lab.sampling.params import SamplingParams
 from lab.scheduler import FCFSQueue, ModelRunnerOutput, RecomputePreemption, Scheduler
 from lab.scheduler.output import SchedulerOutput
@@ -142,3 +143,17 @@ def check_outcomes(sched: Scheduler, reqs, ended: dict, max_model_len: int) -> N
     assert sched.kv.num_free_blocks == sched.kv.num_blocks - 1
     swap = sched.kv.swap_space
     assert swap.num_free_blocks == swap.num_blocks and not swap.req_to_blocks
+
+
+class ModelFreeExecutor(Executor):
+    """Base of the fake executors: an engine core built around one never sizes a cache or asks
+    for the model's shape, so those raise."""
+
+    def model_info(self):  # pragma: no cover - not used here
+        raise NotImplementedError
+
+    def determine_num_blocks(self, sizing):  # pragma: no cover - not used here
+        raise NotImplementedError
+
+    def initialize_cache(self, num_blocks, max_model_len, num_swap_blocks=0):  # pragma: no cover
+        raise NotImplementedError

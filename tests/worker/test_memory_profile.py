@@ -94,3 +94,27 @@ def test_a_cpu_worker_without_a_probe_sizes_from_cpu_kv_cache_gb(config):
     assert worker.memory is None
     blocks = worker.determine_num_blocks(CacheSizing(cpu_kv_cache_gb=0.001))
     assert blocks == int(0.001 * 2**30) // worker.bytes_per_block
+
+
+def test_decode_graphs_are_one_more_term_of_the_budget(monkeypatch):
+    """With capture sizes, the worker captures the decode graphs once in a throw-away runner
+    before the profile step and takes what they added to the device's used memory off the KV
+    budget (a fake capture here: graphs exist on CUDA only)."""
+    from lab.worker.model_runner import ModelRunner
+
+    cfg = compose_config(["model=tiny_llama", "device=cpu", "max_num_batched_tokens=96",
+                          "dtype=float32", "cudagraph_capture_sizes=[1,2,4]"])
+    memory = FakeMemory(total=64 * MIB, resident=3 * MIB, per_token=20_000, outside=MIB)
+    memory.graphs = 0
+    monkeypatch.setattr(FakeMemory, "used", lambda self: self.resident + self.graphs,
+                        raising=False)
+
+    def capture(runner):
+        memory.graphs = 2 * MIB
+        return 3
+
+    monkeypatch.setattr(ModelRunner, "capture_graphs", capture)
+    worker = make_worker(worker_config(cfg), memory)
+    blocks = worker.determine_num_blocks(CacheSizing(gpu_memory_utilization=0.5))
+    budget = int(0.5 * 64 * MIB - 3 * MIB - 96 * 20_000 - MIB - 2 * MIB)
+    assert blocks == budget // worker.bytes_per_block

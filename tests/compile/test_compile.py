@@ -1,0 +1,88 @@
+"""compile=true (lab/compile): the forward through torch.compile gives the eager engine's and
+transformers' greedy ids, compiles once at start-up, and never again whatever a step's token
+count (prefill, mixed, decode batches shrinking to one request).
+
+One test pays for inductor (tiny_llama, ~20 CPU-s on a cold cache: most of it g++ building the
+generated kernels); the other models and the Triton attention backend are traced through
+dynamo and AOT autograd without code generation (backend `aot_eager`, ~2 CPU-s each), which is
+where a model-specific break shows (a graph break, a data-dependent op outside the opaque ops).
+"""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from lab import LLM, SamplingParams
+from lab.compile import CompileOptions, compile_model
+from lab.models.tiny import ensure_tiny_model
+
+BASE = dict(dtype="float32", device="cpu", block_size=8)
+# all admitted in one step (prefill, T = 38), then decode batches of 4, 3, 2 and 1 request
+PROMPT_LENS = (5, 12, 1, 20)
+MAX_TOKENS = (3, 5, 7, 9)
+
+
+def prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(3, 500, (n,), generator=g).tolist() for n in PROMPT_LENS]
+
+
+def params() -> list[SamplingParams]:
+    return [SamplingParams(temperature=0, max_tokens=m) for m in MAX_TOKENS]
+
+
+def hf_greedy(model_name: str) -> list[list[int]]:
+    """transformers' greedy continuations, one prompt at a time."""
+    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(model_name),
+                                                 dtype=torch.float32).eval()
+    out = []
+    for p, m in zip(prompts(), MAX_TOKENS):
+        ids = torch.tensor([p])
+        gen = model.generate(ids, max_new_tokens=m, do_sample=False,
+                             attention_mask=torch.ones_like(ids))
+        out.append(gen[0, len(p):].tolist())
+    return out
+
+
+def generate(llm: LLM) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts(), params())]
+
+
+def step_sizes(llm: LLM) -> set[int]:
+    return {s.num_scheduled_tokens for s in llm.engine.recent_steps}
+
+
+def test_compile_true_matches_eager_and_hf_and_compiles_once():
+    eager = generate(LLM("tiny_llama", **BASE))
+    llm = LLM("tiny_llama", compile=True, **BASE)
+    compiled = llm.engine.executor.worker.compiled
+    assert compiled.num_compiles == 1  # at start-up, by the warm-up step
+    ids = generate(llm)
+    assert ids == eager == hf_greedy("tiny_llama")
+    assert {38, 4, 3, 2, 1} <= step_sizes(llm)  # the steps above ran ...
+    assert compiled.num_compiles == 1  # ... on the one graph
+
+
+@pytest.mark.parametrize(("model_name", "attention"), [
+    ("tiny_qwen3", "torch"), ("tiny_deepseek", "torch"), ("tiny_llama", "triton_flash")])
+def test_traced_forward_matches_eager_and_hf(model_name, attention):
+    """The same engine before and after compile_model (aot_eager: dynamo + AOT, no codegen);
+    triton_flash runs its kernels in Triton's interpreter inside the opaque op."""
+    llm = LLM(model_name, attention=attention, **BASE)
+    eager = generate(llm)
+    worker = llm.engine.executor.worker
+    compiled = compile_model(worker.model, worker.attn_backend, CompileOptions(backend="aot_eager"))
+    assert generate(llm) == eager == hf_greedy(model_name)
+    assert compiled.num_compiles == 1
+
+
+@pytest.mark.gpu
+def test_compile_true_on_cuda_matches_eager_and_hf():
+    """CUDA: Triton attention inside the opaque op, inductor's Triton kernels for the rest (the
+    layer ops traced from their torch references), decode CUDA graphs captured on the compiled
+    forward."""
+    knobs = dict(dtype="float32", device="cuda", block_size=8, attention="triton_flash")
+    eager = generate(LLM("tiny_llama", **knobs))
+    llm = LLM("tiny_llama", compile=True, **knobs)
+    assert generate(llm) == eager == hf_greedy("tiny_llama")
+    assert llm.engine.executor.worker.compiled.num_compiles == 1
