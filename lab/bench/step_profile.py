@@ -26,17 +26,15 @@ job). The engine runs inproc (engine_client=inproc), so every part is in this pr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from lab import LLM, SamplingParams
-from lab.models.tiny import ensure_tiny_model, preset_names
+from lab.bench.throughput import add_workload_args, load_workload
 
 
 class Timers:
@@ -100,24 +98,15 @@ def table(t: Timers) -> list[tuple[str, float]]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default="bench_llama", help=f"preset ({', '.join(preset_names())}) or dir")
-    p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add_workload_args(p)
     p.add_argument("--attention", default=None, help="attention backend (default: the config's)")
     p.add_argument("--compile", action="store_true", help="compile=true")
-    p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
 
 def profile(args: argparse.Namespace) -> tuple[list[tuple[str, float]], int]:
     """(the table's rows in seconds, steps) of one timed generate after a warm-up."""
-    path = Path(args.model) if Path(args.model).is_dir() else ensure_tiny_model(args.model)
-    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
-    g = torch.Generator().manual_seed(args.seed)
-    prompts = [torch.randint(3, vocab - 1, (args.input_len,), generator=g).tolist()
-               for _ in range(args.num_prompts)]
+    path, prompts = load_workload(args)
     kwargs = {"compile": True} if args.compile else {}
     if args.attention:
         kwargs["attention"] = args.attention

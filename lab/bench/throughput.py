@@ -50,6 +50,26 @@ from lab import LLM, SamplingParams
 from lab.models.tiny import ensure_tiny_model, preset_names
 
 
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """The checkpoint and the offline batch (shared by lab.bench.step_profile)."""
+    p.add_argument("--model", default="bench_llama", help=f"preset ({', '.join(preset_names())}) or dir")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--mixed", action="store_true", help="prompt lengths uniform in [min, max]")
+    p.add_argument("--min-len", type=int, default=64)
+    p.add_argument("--max-len", type=int, default=256)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--seed", type=int, default=0)
+
+
+def load_workload(args: argparse.Namespace) -> tuple[Path, list[list[int]]]:
+    """(the checkpoint directory, the prompts) of add_workload_args' options."""
+    path = Path(args.model) if Path(args.model).is_dir() else ensure_tiny_model(args.model)
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    return path, make_prompts(args, vocab)
+
+
 def make_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(args.seed)
     lens = (torch.randint(args.min_len, args.max_len + 1, (args.num_prompts,), generator=g)
@@ -254,20 +274,12 @@ def match_rate(a: list[list[int]], b: list[list[int]]) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default="bench_llama", help=f"preset ({', '.join(preset_names())}) or dir")
-    p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--mixed", action="store_true", help="prompt lengths uniform in [min, max]")
-    p.add_argument("--min-len", type=int, default=64)
-    p.add_argument("--max-len", type=int, default=256)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add_workload_args(p)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--hf-batch", type=int, default=16, help="HF generate batch size")
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--peer-python", default=None, help="python of a venv with vLLM installed")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sampling", default="off", choices=[*SAMPLING, "both"],
                    help="sampling features on every request (both: off, then "
                         "penalties_logprobs, and the slowdown of each engine)")
@@ -303,9 +315,7 @@ def _choices(allowed: tuple[str, ...]):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    path = Path(args.model) if Path(args.model).is_dir() else ensure_tiny_model(args.model)
-    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
-    prompts = make_prompts(args, vocab)
+    path, prompts = load_workload(args)
     if args.one_run:
         one_run(path, prompts, args)
         return
