@@ -12,6 +12,7 @@ import pytest
 from lab import LLM, SamplingParams
 from lab.engine.client import EngineDeadError
 from lab.metrics.memory import InMemoryLogger
+from tests.procs import start_script
 
 KNOBS = dict(attention="torch", num_gpu_blocks=64, block_size=4, max_model_len=128)
 PROMPTS = ["Hello world", "The cat sat", [5, 6, 7, 8]]
@@ -152,15 +153,8 @@ def test_a_killed_frontend_leaves_no_core_process(tmp_path):
     instead of waiting forever on a socket nobody writes (before: orphans, parent pid 1)."""
     import os
     import signal
-    import subprocess
-    import sys
 
-    script = tmp_path / "frontend.py"
-    script.write_text(FRONTEND)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    front = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                             env=env)
+    front = start_script(tmp_path / "frontend.py", FRONTEND)
     try:
         core_pid = int(front.stdout.readline())
         os.kill(front.pid, signal.SIGKILL)

@@ -20,18 +20,20 @@ import pytest
 
 from lab import SamplingParams
 from lab.executor.distributed import RankFailedError
-from tests.engine.parity_utils import hf_greedy_outputs, parity_prompts
+from tests.engine.parity_utils import hf_greedy_outputs
 from tests.executor import rank_fns
 from tests.executor.tp_utils import (
     TP2,
     assert_parity,
     descendants,
     ids_by_prompt,
+    kill_rank_1_mid_decode,
     lazy_engines,
     make_llm,
     parity_run,
     wait_gone,
 )
+from tests.procs import start_script
 
 MODELS = ["tiny_llama", "tiny_qwen3", "tiny_qwen2", "tiny_llama_mqa", "tiny_deepseek"]
 MULTIPROC = TP2 | dict(executor="multiproc")
@@ -106,17 +108,7 @@ def test_a_rank_that_raises_while_rank_0_waits_stops_the_group(engines):
 
 def test_killed_rank_is_named_within_seconds_and_nothing_is_left(engines):
     llm = engines("tiny_qwen2")
-    pids = llm.engine.executor.pids
-    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
-    llm.engine.add_request(parity_prompts("default")[3], params)
-    llm.engine.step()  # mid-run: the request is being decoded
-    os.kill(pids[1], signal.SIGKILL)
-    t0 = time.monotonic()
-    with pytest.raises(RankFailedError, match=rf"rank 1 \(pid {pids[1]}\) died with exit code -9"):
-        while llm.engine.has_unfinished_requests():
-            llm.engine.step()
-    assert time.monotonic() - t0 < 5
-    assert wait_gone(pids) == []
+    kill_rank_1_mid_decode(llm, r"rank 1 \(pid {pid}\) died with exit code -9", within_s=5)
     llm.engine.step()  # the failed request's final output (finish reason error)
     assert not llm.engine.has_unfinished_requests()
 
@@ -154,15 +146,7 @@ if __name__ == "__main__":
 def test_a_killed_engine_process_leaves_no_rank(tmp_path):
     """SIGKILL the engine's process (no atexit, no shutdown): its ranks end within seconds
     (each watches the process that started it) instead of lingering as orphans."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "engine.py"
-    script.write_text(ENGINE_SCRIPT)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    engine = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                              env=env)
+    engine = start_script(tmp_path / "engine.py", ENGINE_SCRIPT)
     try:
         pids = [int(p) for p in engine.stdout.readline().split(",")]
         assert len(pids) == 2

@@ -6,23 +6,17 @@ reuses tiny_llama's."""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import pytest
 
 ray = pytest.importorskip("ray")
 
-from lab import SamplingParams  # noqa: E402
-from lab.executor.distributed import RankFailedError  # noqa: E402
-from tests.engine.parity_utils import hf_greedy_outputs, parity_prompts  # noqa: E402
+from tests.engine.parity_utils import hf_greedy_outputs  # noqa: E402
 from tests.executor.tp_utils import (  # noqa: E402
     TP2,
     assert_parity,
+    kill_rank_1_mid_decode,
     lazy_engines,
     parity_run,
-    wait_gone,
 )
 
 pytestmark = pytest.mark.ray
@@ -44,15 +38,4 @@ def test_ray_tp2_greedy_equals_transformers(engines, model):
 
 
 def test_killed_actor_is_named(engines):
-    llm = engines("tiny_llama")
-    pids = llm.engine.executor.pids
-    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
-    llm.engine.add_request(parity_prompts("default")[3], params)
-    llm.engine.step()
-    os.kill(pids[1], signal.SIGKILL)
-    t0 = time.monotonic()
-    with pytest.raises(RankFailedError, match=r"rank 1 \(its Ray actor\) died"):
-        while llm.engine.has_unfinished_requests():
-            llm.engine.step()
-    assert time.monotonic() - t0 < 10
-    assert wait_gone(pids) == []
+    kill_rank_1_mid_decode(engines("tiny_llama"), r"rank 1 \(its Ray actor\) died", within_s=10)

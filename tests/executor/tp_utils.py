@@ -106,3 +106,26 @@ def descendants(pid: int) -> list[int]:
         found += kids
         frontier = kids
     return [p for p in found if alive(p)]
+
+
+def kill_rank_1_mid_decode(llm: LLM, match: str, within_s: float) -> None:
+    """SIGKILL rank 1 while a request decodes: the engine's next steps raise RankFailedError
+    matching `match` (`{pid}`: the killed rank's pid) within `within_s` seconds, and no rank is
+    left."""
+    import signal
+
+    import pytest
+
+    from lab.executor.distributed import RankFailedError
+
+    pids = llm.engine.executor.pids
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    llm.engine.add_request(parity_prompts("default")[3], params)
+    llm.engine.step()  # mid-run: the request is being decoded
+    os.kill(pids[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError, match=match.format(pid=pids[1])):
+        while llm.engine.has_unfinished_requests():
+            llm.engine.step()
+    assert time.monotonic() - t0 < within_s
+    assert wait_gone(pids) == []
