@@ -27,6 +27,7 @@ from lab.engine.request import RequestStatus
 from lab.executor.base import ModelInfo
 from lab.metrics.base import StatLogger
 from lab.metrics.stats import RequestStats, StepStats
+from lab.models.loader import max_positions
 from lab.models.tokenizer import load_tokenizer
 from lab.sampling.params import SamplingParams
 from lab.scheduler.async_scheduler import AsyncScheduler
@@ -410,7 +411,7 @@ def resolve_max_model_len(knob: int | None, hf_config, num_blocks: int, block_si
 def model_context_limit(hf_config) -> int:
     """max_position_embeddings, capped by an active sliding window (lab attends to the full
     context, which equals sliding-window attention only while sequences fit in the window)."""
-    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    limit = max_positions(hf_config)
     window = getattr(hf_config, "sliding_window", None)
     if window and getattr(hf_config, "use_sliding_window", True):
         limit = min(limit, window)

@@ -29,7 +29,7 @@ from lab.distributed.parallel_state import (
 from lab.executor.base import ModelInfo, eos_token_ids
 from lab.layers.ops import LayerOps
 from lab.logits_processors.base import LogitsProcessorContext
-from lab.models.loader import load_model, resolve_dtype
+from lab.models.loader import load_model, max_positions, resolve_dtype
 from lab.quant.base import weight_bytes
 from lab.sampling.params import SamplingParams
 from lab.scheduler.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
@@ -96,8 +96,7 @@ def cpu_kv_bytes(
     and the simulator (`executor=sim sim.device=cpu`) both size their cache with it."""
     if cpu_kv_cache_gb is not None:
         return int(cpu_kv_cache_gb * 2**30)
-    context = getattr(hf_config, "max_position_embeddings", None) or 2048
-    blocks = -(-context // block_size) + 1
+    blocks = -(-max_positions(hf_config) // block_size) + 1
     return min(blocks * bytes_per_block, int(CPU_AUTO_KV_CAP_GB * 2**30))
 
 
@@ -227,16 +226,13 @@ class Worker:
         if not self.cudagraph_sizes:
             return 0
         before = self.memory.used()
-        runner = self._make_runner(2, self._max_positions(), self.max_num_batched_tokens)
+        runner = self._make_runner(2, max_positions(self.hf_config), self.max_num_batched_tokens)
         graph_bytes = self.memory.used() - before if runner.capture_graphs() else 0
         del runner
         gc.collect()
         log.info("CUDA graphs of decode sizes %s: %.2f GiB", list(self.cudagraph_sizes),
                  graph_bytes / 2**30)
         return max(graph_bytes, 0)
-
-    def _max_positions(self) -> int:
-        return getattr(self.hf_config, "max_position_embeddings", None) or 2048
 
     def _dummy_forward(self, num_tokens: int) -> None:
         num_blocks = -(-num_tokens // self.block_size) + 1
