@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # The one prepared device check (run on a lent GPU machine from the repo root):
-#   1. installs the carried wheels (scripts/gpu_wheels.sh made them) without network,
-#   2. runs the CUDA correctness tests (pytest -m gpu: bf16/fp8 for every kernel, quant methods),
-#   3. times every kernel against its ceiling and PyTorch (python3 -m lab.bench.kernels),
-#   4. runs the end-to-end comparisons (python3 -m lab.bench.e2e): backends, quant methods,
-#      async scheduling vs sync (and its CUDA parity test), compile=true vs eager (and its test),
-#   5. on a machine with 2+ GPUs: TP=2 (NCCL, executor=multiproc) correctness and TP=1 vs TP=2 e2e,
-#   6. micro-batching (docs/ubatch.md): its CUDA tests, then one step's forward as one batch vs two
-#      micro-batches (in turn; interleaved at the all-reduces), TP=1 and, on 2+ GPUs, TP=2,
-#   7. CUDA graphs of decode steps: capture/replay parity tests, then a decode step with graphs vs
-#      eager at batch 1/8/64 on bench_qwen3_06b (python3 -m lab.bench.cudagraph).
+#   scripts/gpu_check.sh [PART ...]      # default: every part, in this order
+# Parts (each under its own time limit, so one that hangs or fails leaves the others' rows):
+#   cudagraph  CUDA-graph capture/replay parity tests, then a decode step with graphs vs eager at
+#              batch 1/8/64 on bench_qwen3_06b (python3 -m lab.bench.cudagraph)
+#   e2e        end-to-end output tok/s against the (weights + KV bytes) / bandwidth floor
+#              (python3 -m lab.bench.e2e): graphs vs enforce_eager, async scheduling vs sync
+#              (+ its CUDA parity test), the torch backend
+#   tests      the CUDA correctness tests (pytest -m gpu: bf16/fp8 for every kernel, quant methods)
+#   quant      e2e of the quant methods (fp8, int8, w4a16) against bf16
+#   compile    compile=true: its CUDA parity test, then tok/s vs eager
+#   kernels    every kernel timed against its ceiling and PyTorch (python3 -m lab.bench.kernels)
+#   ubatch     micro-batching (docs/ubatch.md): its CUDA tests, one step's forward as one batch vs
+#              two micro-batches (in turn; interleaved at the all-reduces)
+#   tp         on a machine with 2+ GPUs: TP=2 (NCCL, executor=multiproc) correctness, TP=1 vs 2
+# Each part writes $OUT/<part>.txt; the summary at the end prints them all.
 # Output goes to $OUT (the device tool returns it) or experiments/results/gpu-<date>/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,39 +26,61 @@ if [ -d wheels ]; then  # no registry there: install the carried wheels beside t
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; git rev-parse HEAD 2>/dev/null
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+  git rev-parse HEAD 2>/dev/null
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
   > "$OUT/machine.txt" 2>&1
+
+# run LIMIT_S CMD...: one command of a part, killed after LIMIT_S seconds (the part goes on)
+run() { local limit=$1; shift; echo "\$ $*"; timeout -k 5 "$limit" "$@" 2>&1; local rc=$?
+        [ $rc -eq 124 ] && echo "[timed out after ${limit}s]"
+        [ $rc -eq 0 ] || echo "[exit $rc]"; }
 # only the folders with gpu-marked tests: the others import loggers (wandb, prometheus) the
 # device image lacks
-python3 -m pytest tests/kernels tests/quant -m gpu -q -p no:cacheprovider 2>&1 | tail -30 \
-  > "$OUT/gpu_tests.txt"
-python3 -m lab.bench.kernels 2>&1 | tail -40 > "$OUT/kernels.txt"
-python3 -m lab.bench.e2e 2>&1 | tail -6 > "$OUT/e2e.txt"
-python3 -m lab.bench.e2e --runs attention=triton_flash attention=triton_flash,quant=fp8 \
-  attention=triton_flash,quant=int8 attention=triton_flash,quant=w4a16 2>&1 | tail -8 >> "$OUT/e2e.txt"
-# async scheduling (schedule step N+1 while N runs): its CUDA parity test, then tok/s vs sync
-python3 -m pytest tests/engine/test_async_scheduling.py -m gpu -q -p no:cacheprovider 2>&1 \
-  | tail -3 >> "$OUT/e2e.txt"
-python3 -m lab.bench.e2e --runs attention=triton_flash attention=triton_flash,async_scheduling=true \
-  2>&1 | tail -5 >> "$OUT/e2e.txt"
-# compile=true (docs/compile.md): its CUDA parity test, then tok/s vs eager
-python3 -m pytest tests/compile -m gpu -q -p no:cacheprovider 2>&1 | tail -3 >> "$OUT/e2e.txt"
-python3 -m lab.bench.e2e --runs attention=triton_flash attention=triton_flash,compile=true \
-  2>&1 | tail -5 >> "$OUT/e2e.txt"
-ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
-if [ "$ngpu" -ge 2 ]; then
-  python3 -m pytest tests/executor -m gpu -q -p no:cacheprovider 2>&1 | tail -10 > "$OUT/tp.txt"
-  python3 -m lab.bench.e2e --runs attention=triton_flash \
-    attention=triton_flash,executor=multiproc,tensor_parallel_size=2 2>&1 | tail -6 >> "$OUT/tp.txt"
-else
-  echo "TP=1 vs TP=2 rows skipped: $ngpu GPU(s) here, they need 2" > "$OUT/tp.txt"
-fi
-python3 -m pytest tests/worker/test_ubatch.py -m gpu -q -p no:cacheprovider 2>&1 | tail -5 \
-  > "$OUT/ubatch.txt"
-python3 -m lab.bench.ubatch 2>&1 | tail -12 >> "$OUT/ubatch.txt"
-python3 -m pytest tests/worker/test_cudagraph.py -m gpu -q -p no:cacheprovider 2>&1 | tail -5 \
-  > "$OUT/cudagraph.txt"
-python3 -m lab.bench.cudagraph 2>&1 | tail -6 >> "$OUT/cudagraph.txt"
-cat "$OUT/machine.txt" "$OUT/gpu_tests.txt" "$OUT/e2e.txt" "$OUT/tp.txt" "$OUT/ubatch.txt" \
-  "$OUT/cudagraph.txt" "$OUT/kernels.txt"
+gpu_tests() { local limit=$1; shift
+              run "$limit" python3 -m pytest "$@" -m gpu -q -p no:cacheprovider -x --tb=short; }
+
+part_cudagraph() {
+  gpu_tests 150 tests/worker/test_cudagraph.py | tail -25
+  run 200 python3 -m lab.bench.cudagraph | tail -8
+}
+part_e2e() {
+  run 240 python3 -m lab.bench.e2e --runs attention=triton_flash \
+    attention=triton_flash,enforce_eager=true attention=triton_flash,async_scheduling=true \
+    attention=torch | tail -12
+  gpu_tests 120 tests/engine/test_async_scheduling.py | tail -15
+}
+part_tests() { gpu_tests 300 tests/kernels tests/quant tests/sampling | tail -40; }
+part_quant() {
+  run 200 python3 -m lab.bench.e2e --runs attention=triton_flash attention=triton_flash,quant=fp8 \
+    attention=triton_flash,quant=int8 attention=triton_flash,quant=w4a16 | tail -8
+}
+part_compile() {
+  gpu_tests 240 tests/compile | tail -15
+  run 300 python3 -m lab.bench.e2e --runs attention=triton_flash \
+    attention=triton_flash,compile=true | tail -6
+}
+part_kernels() { run 240 python3 -m lab.bench.kernels | tail -40; }
+part_ubatch() {
+  gpu_tests 120 tests/worker/test_ubatch.py | tail -10
+  run 120 python3 -m lab.bench.ubatch | tail -12
+}
+part_tp() {
+  local ngpu; ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+  if [ "$ngpu" -lt 2 ]; then echo "TP=1 vs TP=2 rows skipped: $ngpu GPU(s) here, they need 2"
+                             return; fi
+  gpu_tests 240 tests/executor | tail -10
+  run 240 python3 -m lab.bench.e2e --runs attention=triton_flash \
+    attention=triton_flash,executor=multiproc,tensor_parallel_size=2 | tail -6
+}
+
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(cudagraph e2e tests quant compile kernels ubatch tp)
+for p in "${parts[@]}"; do
+  declare -F "part_$p" > /dev/null || { echo "unknown part '$p'"; exit 2; }
+  start=$(date +%s)
+  "part_$p" > "$OUT/$p.txt" 2>&1
+  echo "[part $p: $(( $(date +%s) - start )) s]" >> "$OUT/$p.txt"
+done
+cat "$OUT/machine.txt"
+for p in "${parts[@]}"; do echo "== $p"; cat "$OUT/$p.txt"; done

@@ -12,15 +12,23 @@ ignore_eos, random weights. The model is the Qwen3-0.6B-width preset (`bench_qwe
 1024, 16/8 heads, head_dim 128, ffn 3072; 12 layers and a 16k vocabulary rather than 28 layers
 and 152k). Each backend runs in its own engine on the same prompts; prints output tok/s each and
 the ratio. Needs lab's full dependencies (Hydra); on CPU use --num-seqs 4 --max-len 64.
+
+On CUDA each run also gets its memory-bandwidth floor: no engine can finish faster than reading
+every weight once per decode step (at least as many steps as the longest output) plus every
+output token's context from the KV cache once, at the device's copy bandwidth (measured here:
+a device-to-device copy, bytes read + written). `floor tok/s` is the output tokens over that
+time, `of floor` the measured tok/s over it.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import time
 
 import torch
+import yaml
 
 from lab import LLM, SamplingParams
 
@@ -44,15 +52,42 @@ def model_vocab(model: str) -> int:
     return AutoConfig.from_pretrained(path).vocab_size
 
 
-def parse_run(spec: str) -> dict[str, str]:
-    """'attention=triton_flash,quant=fp8' -> {'attention': 'triton_flash', 'quant': 'fp8'}."""
+def parse_run(spec: str) -> dict[str, object]:
+    """'attention=triton_flash,compile=true' -> {'attention': 'triton_flash', 'compile': True}
+    (values read as YAML scalars, as on run.py's command line)."""
     items = [kv for kv in spec.split(",") if kv]
     if not items or any("=" not in kv for kv in items):
         raise SystemExit(f"--runs {spec!r}: expected KEY=VALUE[,KEY=VALUE...]")
-    return dict(kv.split("=", 1) for kv in items)
+    return {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in items)}
 
 
-def run_config(spec: str, args, prompts, params) -> tuple[float, int]:
+def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
+    """Bytes per second of a device-to-device copy (read + written), the median of `reps`."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return nbytes / sorted(times)[reps // 2]
+
+
+def floor_seconds(prompts, params, weight_bytes: int, kv_bytes_per_token: float,
+                  bandwidth: float) -> float:
+    """The bandwidth floor of one run: weights read once per decode step (>= the longest output
+    steps), each output token's context (prompt + earlier outputs) read once from the cache."""
+    steps = max(p.max_tokens for p in params)
+    context = sum(len(x) * p.max_tokens + p.max_tokens * (p.max_tokens - 1) // 2
+                  for x, p in zip(prompts, params))
+    return (steps * weight_bytes + context * kv_bytes_per_token) / bandwidth
+
+
+def run_config(spec: str, args, prompts, params) -> tuple[float, int, float]:
     llm = LLM(args.model, **{"dtype": args.dtype, "cpu_kv_cache_gb": 1.0, **parse_run(spec)},
               max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
     llm.generate([prompts[0][:16]], SamplingParams(max_tokens=4))  # warm-up (kernel compiles)
@@ -62,7 +97,18 @@ def run_config(spec: str, args, prompts, params) -> tuple[float, int]:
     outs = llm.generate(prompts, params)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in outs)
+    seconds = time.perf_counter() - t0
+    eng = llm.engine
+    floor = (floor_seconds(prompts, params, eng.weight_bytes, eng.kv_bytes_per_token,
+                           args.bandwidth)
+             if args.bandwidth else float("nan"))
+    eng.shutdown()
+    n = sum(len(o.outputs[0].token_ids) for o in outs)
+    del llm, eng, outs
+    gc.collect()  # the next run's KV sizing must see this run's cache freed
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return seconds, n, floor
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,13 +126,17 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     prompts, params = make_requests(args.num_seqs, args.min_len, args.max_len,
                                     model_vocab(args.model), args.seed)
+    args.bandwidth = copy_bandwidth() if torch.cuda.is_available() else 0.0
     results = {r: run_config(r, args, prompts, params) for r in args.runs}
-    base_t, base_n = results[args.runs[0]]
+    base_t, base_n, _ = results[args.runs[0]]
     width = max(len(r) for r in args.runs) + 2
-    print(f"\nmodel {args.model}  seqs {args.num_seqs}  lengths U[{args.min_len}, {args.max_len}]")
-    print(f"{'run':<{width}}{'seconds':>10}{'output tok/s':>15}{'vs first':>10}")
-    for r, (t, n) in results.items():
-        print(f"{r:<{width}}{t:>10.2f}{n / t:>15.1f}{(n / t) / (base_n / base_t):>10.2f}")
+    print(f"\nmodel {args.model}  seqs {args.num_seqs}  lengths U[{args.min_len}, {args.max_len}]"
+          + (f"  copy bandwidth {args.bandwidth / 1e12:.2f} TB/s" if args.bandwidth else ""))
+    print(f"{'run':<{width}}{'seconds':>10}{'output tok/s':>15}{'vs first':>10}"
+          f"{'floor tok/s':>14}{'of floor':>10}")
+    for r, (t, n, floor) in results.items():
+        print(f"{r:<{width}}{t:>10.2f}{n / t:>15.1f}{(n / t) / (base_n / base_t):>10.2f}"
+              f"{n / floor:>14.0f}{floor / t:>10.2f}")
 
 
 if __name__ == "__main__":

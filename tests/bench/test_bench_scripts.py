@@ -2,6 +2,7 @@
 
 import sys
 
+from lab import SamplingParams
 from lab.bench import e2e, kernels, overhead
 from lab.layers.linear import Linear
 
@@ -62,8 +63,19 @@ def test_e2e_bench_compares_configurations(capsys, monkeypatch):
     assert methods == [{"UnquantizedLinearMethod"}, {"Int8LinearMethod"}]
     n_base, n_int8 = timed_tokens
     assert n_base == n_int8 > 0  # ignore_eos: every run generates the same token counts
-    assert rows[runs[0]] == ["2.00", f"{n_base / 2.0:.1f}", "1.00"]
-    assert rows[runs[1]] == ["0.50", f"{n_int8 / 0.5:.1f}", "4.00"]  # same tokens in 1/4 the time
+    assert rows[runs[0]] == ["2.00", f"{n_base / 2.0:.1f}", "1.00", "nan", "nan"]  # no floor: CPU
+    assert rows[runs[1]] == ["0.50", f"{n_int8 / 0.5:.1f}", "4.00", "nan", "nan"]  # 1/4 the time
+
+
+def test_e2e_run_specs_and_bandwidth_floor():
+    """Run specs read values as run.py does (true is a bool, 8 an int); the floor is the weights
+    once per step of the longest output plus each output token's context once from the cache."""
+    assert e2e.parse_run("attention=triton_flash,compile=true,max_num_seqs=8") == {
+        "attention": "triton_flash", "compile": True, "max_num_seqs": 8}
+    params = [SamplingParams(max_tokens=3), SamplingParams(max_tokens=2)]
+    # steps = 3; contexts: prompt 4 -> 4+5+6 = 15, prompt 1 -> 1+2 = 3
+    assert e2e.floor_seconds([[0] * 4, [0]], params, weight_bytes=100, kv_bytes_per_token=10,
+                             bandwidth=10.0) == (3 * 100 + 18 * 10) / 10.0
 
 
 def test_ipc_bench_times_the_steps_an_inproc_core_returned():
