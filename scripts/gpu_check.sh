@@ -6,7 +6,7 @@
 #              batch 1/8/64 on bench_qwen3_06b (python3 -m lab.bench.cudagraph)
 #   e2e        end-to-end output tok/s against the (weights + KV bytes) / bandwidth floor
 #              (python3 -m lab.bench.e2e): graphs vs enforce_eager, async scheduling vs sync
-#              (+ its CUDA parity test), the torch backend
+#              (+ its CUDA parity test)
 #   tests      the CUDA correctness tests (pytest -m gpu: bf16/fp8 for every kernel, quant methods)
 #   quant      e2e of the quant methods (fp8, int8, w4a16) against bf16
 #   compile    compile=true: its CUDA parity test, then tok/s vs eager
@@ -14,7 +14,7 @@
 #   ubatch     micro-batching (docs/ubatch.md): its CUDA tests, one step's forward as one batch vs
 #              two micro-batches (in turn; interleaved at the all-reduces)
 #   tp         on a machine with 2+ GPUs: TP=2 (NCCL, executor=multiproc) correctness, TP=1 vs 2
-# Each part writes $OUT/<part>.txt; the summary at the end prints them all.
+# Each part writes its whole log to $OUT/<part>.txt; the summary at the end prints their tails.
 # Output goes to $OUT (the device tool returns it) or experiments/results/gpu-<date>/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,40 +38,39 @@ run() { local limit=$1; shift; echo "\$ $*"; timeout -k 5 "$limit" "$@" 2>&1; lo
 # only the folders with gpu-marked tests: the others import loggers (wandb, prometheus) the
 # device image lacks
 gpu_tests() { local limit=$1; shift
-              run "$limit" python3 -m pytest "$@" -m gpu -q -p no:cacheprovider -x --tb=short; }
+              run "$limit" python3 -m pytest "$@" -m gpu -q -p no:cacheprovider --tb=short; }
 
 part_cudagraph() {
-  gpu_tests 150 tests/worker/test_cudagraph.py | tail -25
-  run 200 python3 -m lab.bench.cudagraph | tail -8
+  gpu_tests 150 tests/worker/test_cudagraph.py
+  run 200 python3 -m lab.bench.cudagraph
 }
 part_e2e() {
-  run 240 python3 -m lab.bench.e2e --runs attention=triton_flash \
-    attention=triton_flash,enforce_eager=true attention=triton_flash,async_scheduling=true \
-    attention=torch | tail -12
-  gpu_tests 120 tests/engine/test_async_scheduling.py | tail -15
+  run 200 python3 -m lab.bench.e2e --runs attention=triton_flash \
+    attention=triton_flash,enforce_eager=true attention=triton_flash,async_scheduling=true
+  gpu_tests 120 tests/engine/test_async_scheduling.py
 }
-part_tests() { gpu_tests 300 tests/kernels tests/quant tests/sampling | tail -40; }
+part_tests() { gpu_tests 300 tests/kernels tests/quant tests/sampling; }
 part_quant() {
   run 200 python3 -m lab.bench.e2e --runs attention=triton_flash attention=triton_flash,quant=fp8 \
-    attention=triton_flash,quant=int8 attention=triton_flash,quant=w4a16 | tail -8
+    attention=triton_flash,quant=int8 attention=triton_flash,quant=w4a16
 }
 part_compile() {
-  gpu_tests 240 tests/compile | tail -15
+  gpu_tests 240 tests/compile
   run 300 python3 -m lab.bench.e2e --runs attention=triton_flash \
-    attention=triton_flash,compile=true | tail -6
+    attention=triton_flash,compile=true
 }
-part_kernels() { run 240 python3 -m lab.bench.kernels | tail -40; }
+part_kernels() { run 240 python3 -m lab.bench.kernels; }
 part_ubatch() {
-  gpu_tests 120 tests/worker/test_ubatch.py | tail -10
-  run 120 python3 -m lab.bench.ubatch | tail -12
+  gpu_tests 120 tests/worker/test_ubatch.py
+  run 120 python3 -m lab.bench.ubatch
 }
 part_tp() {
   local ngpu; ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
   if [ "$ngpu" -lt 2 ]; then echo "TP=1 vs TP=2 rows skipped: $ngpu GPU(s) here, they need 2"
                              return; fi
-  gpu_tests 240 tests/executor | tail -10
+  gpu_tests 240 tests/executor
   run 240 python3 -m lab.bench.e2e --runs attention=triton_flash \
-    attention=triton_flash,executor=multiproc,tensor_parallel_size=2 | tail -6
+    attention=triton_flash,executor=multiproc,tensor_parallel_size=2
 }
 
 parts=("$@")
@@ -83,4 +82,4 @@ for p in "${parts[@]}"; do
   echo "[part $p: $(( $(date +%s) - start )) s]" >> "$OUT/$p.txt"
 done
 cat "$OUT/machine.txt"
-for p in "${parts[@]}"; do echo "== $p"; cat "$OUT/$p.txt"; done
+for p in "${parts[@]}"; do echo "== $p"; tail -n 25 "$OUT/$p.txt"; done

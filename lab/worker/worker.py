@@ -108,11 +108,12 @@ def usable_cpu_cores() -> int:
 
 def rank_device(device: str, rank: int, world_size: int) -> torch.device:
     """The device of one rank: the CPU, or on CUDA (`auto`/`cuda` without an index) the GPU of
-    index rank modulo the visible GPUs; a world of one keeps `resolve_device`'s choice."""
+    index rank modulo the visible GPUs (always with an index: torch.cuda.set_device refuses a
+    bare "cuda" on some torch versions, and tensors report theirs with one)."""
     dev = resolve_device(device)
-    if world_size == 1 or dev.type != "cuda" or dev.index is not None:
+    if dev.type != "cuda" or dev.index is not None:
         return dev
-    return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cuda", rank % torch.cuda.device_count() if world_size > 1 else 0)
 
 
 class Worker:
