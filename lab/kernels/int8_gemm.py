@@ -58,7 +58,9 @@ def _scaled_mm_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for kk in range(0, tl.cdiv(K, BLOCK_K)):
         a, b = load_k_step(a_ptrs, w_ptrs, K - kk * BLOCK_K, offs_k, EVEN_K)
-        acc = tl.dot(a, b, acc)
+        # out_dtype explicit: Triton <= 3.6 defaults it to fp32 and asserts it equals the int32
+        # accumulator's dtype (a CompilationError); later versions take it from `acc`
+        acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
 

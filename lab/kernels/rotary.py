@@ -10,7 +10,10 @@ angle i; the layout says where the pair lives (rotary_dim <= D; the tail passes 
     out_a = a*cos - b*sin,  out_b = b*cos + a*sin
 
 Rounding follows HF step by step: cos/sin are cast to the input dtype, each product and the sum
-round to the input dtype (no-ops in fp32), so fp16/bf16 results match the PyTorch path.
+round to the input dtype (no-ops in fp32), so fp16/bf16 results match the PyTorch path. The
+kernel is compiled without FP fusion: with it (Triton's default up to 3.9) LLVM narrows
+`(a*cos).to(bf16)` to a bf16 multiply and then contracts `a*cos - bf16(b*sin)` into one
+`fma.rn.bf16`, skipping the rounding of a*cos (seen in the sm_90 PTX of triton 3.6 and 3.9).
 
 Not in place: returns new contiguous (q, k); inputs may be strided views (unit last stride), e.g.
 slices of the fused qkv output. Grid (T,): one program per token rotates all q and k heads,
@@ -27,6 +30,7 @@ import triton.language as tl
 from lab.kernels import check_dtype_supported, num_warps_for
 
 _HEAD_TILE = 2048  # elements (heads x pairs) per tile
+LAUNCH_OPTIONS = dict(enable_fp_fusion=False)  # no fma contraction (module docstring)
 
 
 @triton.jit
@@ -137,6 +141,7 @@ def rotary_embedding(
         HEAD_DIM=head_dim, IS_NEOX=is_neox, BLOCK_H=block_h, BLOCK_R=block_r,
         BLOCK_P=triton.next_power_of_2(tail) if tail else 0,
         num_warps=num_warps_for(2 * block_h * block_r),
+        **LAUNCH_OPTIONS,
     )
     return q_out, k_out
 

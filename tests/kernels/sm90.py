@@ -5,6 +5,11 @@ for its kernels and prints "ok"; `compile_for_sm90(body)` runs PRELUDE + body wi
 TRITON_INTERPRET=0 (compiled mode), skips when the triton wheel lacks the NVIDIA backend or
 ptxas, and returns what the body printed (`.stdout`).
 
+LAB_SM90_PYTHON=/path/to/python runs the worker with another interpreter, e.g. a venv holding the
+Triton version of the GPU machine (with this environment's torch: `python -m venv
+--system-site-packages V && V/bin/pip install triton==X`); triton 3.9 accepted kernels that 3.6,
+on the first H200 run, refused.
+
 The bodies run one after another in one worker process per test session (started on first use),
 each in a fresh namespace with its environment variables set only while it runs (triton reads its
 knobs from the environment when it compiles): starting Python, torch and triton once instead of
@@ -71,7 +76,8 @@ def _get_worker() -> subprocess.Popen:
     if _worker is None or _worker.poll() is not None:
         env = {**os.environ, "TRITON_INTERPRET": "0"}
         log = tempfile.TemporaryFile("w+")  # stderr: read back only when the worker dies
-        _worker = subprocess.Popen([sys.executable, "-c", _WORKER], env=env, text=True,
+        python = os.environ.get("LAB_SM90_PYTHON") or sys.executable
+        _worker = subprocess.Popen([python, "-c", _WORKER], env=env, text=True,
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                    cwd=Path(__file__).resolve().parents[2])
         _worker.log = log

@@ -134,17 +134,32 @@ def test_triton_kernels_match_torch_refs(make, prompt_ids):
     torch.testing.assert_close(triton_logits, torch_logits, rtol=2e-3, atol=2e-3)
 
 
+# kernels=triton against kernels=torch on CUDA in fp16: (KL mean bound, greedy agreement bound).
+# Not logits within a tolerance: on these models one-ulp fp16 differences (Triton's rms_norm and
+# silu are not bit-exact on a GPU: approximate rsqrt/exp/division, another summation order) flip
+# int8/e4m3 codes of the next activation quantization, and QK_GAIN amplifies them. Emulated on
+# the CPU (fp16, torch refs, +-1 ulp on 0.1-0.3% of the rms_norm and silu outputs, 8 prompts):
+# KL mean <= 2e-3, agreement >= 0.99, max |logit diff| up to 0.05 even unquantized and ~1 with
+# fp8, where the old rtol = atol = 2e-2 failed. A GEMM off by 2% gives KL mean 2e-2..6e-2
+# (1%: 5e-3..3e-2). fp8 gets a wider bound: Hopper fp8 tensor-core dots accumulate with reduced
+# precision (Triton's default on sm_90), i.e. one-ulp output differences in many elements; +-1 ulp
+# on 5-30% of the fp8 GEMM outputs gave KL mean 7e-3..2e-2, agreement >= 0.89 (CPU emulation).
+TRITON_VS_TORCH = {"int8": (5e-3, 0.97), "fp8": (5e-2, 0.85), "w4a16": (5e-3, 0.97)}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", list(METHODS))
 def test_triton_on_cuda_matches_torch_refs(method, prompt_ids):
-    """On CUDA every method's Triton GEMM (fp8 included) gives the torch reference's logits."""
+    """On CUDA every method's Triton GEMM (fp8 included) gives the torch reference's next-token
+    distributions (fp16, the fixed prompts), within the bounds of TRITON_VS_TORCH."""
     from lab.models.loader import load_model
     from tests.quant.conftest import DenseBackend
 
     make = METHODS[method][0]
     path = tiny("tiny_llama")
-    ids = prompt_ids(path)[0]
-    models = [load_model(path, DenseBackend(), torch.float16, "cuda", ops, make())[0]
-              for ops in (TorchOps(), TritonOps())]
-    ref, tri = (logits_of(m, ids) for m in models)
-    torch.testing.assert_close(tri, ref, rtol=2e-2, atol=2e-2)
+    ref, tri = (load_model(path, DenseBackend(), torch.float16, "cuda", ops, make())[0]
+                for ops in (TorchOps(), TritonOps()))
+    quality = compare(ref, tri, prompt_ids(path))
+    kl_mean, agreement = TRITON_VS_TORCH[method.split("-")[0]]
+    print(f"\n[tiny_llama quant={method} triton vs torch, cuda fp16] {quality}")
+    assert quality.kl_mean < kl_mean and quality.agreement >= agreement, quality
