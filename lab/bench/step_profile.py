@@ -18,7 +18,10 @@ own objects, for every step of one `LLM.generate` after a warm-up:
                    statistics
 
 A part is inclusive of what it calls, so the table subtracts: model = forward - attention,
-input prep = execute_model - forward - logits - sampling. CPU only: on CUDA the calls return
+input prep = execute_model - forward - logits - sampling. Eager runs also time every linear
+layer's forward (`model` includes them): the GEMM row under the table is those plus the LM head,
+and its tok/s is what the engine would reach if everything else took no time (the ceiling that
+faster non-GEMM code cannot pass; compile=true fuses the linears into its graph, no row). CPU only: on CUDA the calls return
 before the device finishes, so the parts would not add up (a CUDA profile is torch.profiler's
 job). The engine runs inproc (engine_client=inproc), so every part is in this process.
 """
@@ -35,6 +38,7 @@ import torch
 
 from lab import LLM, SamplingParams
 from lab.bench.throughput import add_workload_args, load_workload
+from lab.layers.linear import Linear
 
 
 class Timers:
@@ -78,6 +82,10 @@ def instrument(llm: LLM) -> Timers:
     timers.wrap(runner.model, "compute_logits", "logits")
     timers.wrap(runner.sampler, "forward", "sampling")
     timers.wrap(runner.attn_backend, "forward", "attention")
+    if not engine.cfg.get("compile", False):
+        for module in runner.model.modules():
+            if isinstance(module, Linear):
+                timers.wrap(module, "forward", "linears")
     return timers
 
 
@@ -93,7 +101,7 @@ def table(t: Timers) -> list[tuple[str, float]]:
         ("scheduling", s["schedule"] + s["update"]),
         ("engine other", s["step"] - s["execute_model"] - s["schedule"] - s["update"]),
     ]
-    return [*rows, ("total", s["step"])]
+    return [*rows, ("total", s["step"]), ("linears", s["linears"])]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -123,6 +131,7 @@ def profile(args: argparse.Namespace) -> tuple[list[tuple[str, float]], int]:
 def main(argv=None) -> None:
     args = parse_args(argv)
     rows, steps = profile(args)
+    *rows, (_, linears) = rows
     total = rows[-1][1]
     print(f"model {args.model}  dtype {args.dtype}  {args.num_prompts} prompts x "
           f"{args.input_len} -> {args.output_len}  steps {steps}  threads "
@@ -131,7 +140,13 @@ def main(argv=None) -> None:
     print(f"{'part':<14}{'ms/step':>10}{'share':>9}")
     for name, sec in rows:
         print(f"{name:<14}{1e3 * sec / steps:>10.3f}{100 * sec / total:>8.1f}%")
-    print(f"output tok/s {args.num_prompts * args.output_len / total:.1f}")
+    tokens = args.num_prompts * args.output_len
+    print(f"output tok/s {tokens / total:.1f}")
+    if linears:
+        gemm = linears + dict(rows)["logits"]
+        print(f"GEMMs (linear layers {1e3 * linears / steps:.3f} + LM head "
+              f"{1e3 * dict(rows)['logits'] / steps:.3f} ms/step): {100 * gemm / total:.1f}% of the "
+              f"step; with nothing else: {tokens / gemm:.1f} tok/s")
 
 
 if __name__ == "__main__":

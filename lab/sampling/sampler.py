@@ -77,10 +77,17 @@ def exponential_noise(
     return q.clamp_(min=torch.finfo(q.dtype).tiny)
 
 
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim, the first index on ties (as torch.argmax), through
+    `max(dim).indices`: on the CPU that reduction is vectorized and ~3x faster than argmax's
+    ([16, 16384] fp32: 70 vs 200 us, a greedy decode step's whole sampling)."""
+    return x.max(dim=-1).indices
+
+
 def random_sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
     """The exponential race: argmax(probs / q), q ~ Exp(1), is an exact draw from `probs`."""
     q = exponential_noise(probs, generators)
-    return (probs / q).argmax(dim=-1)
+    return row_argmax(probs / q)
 
 
 @dataclass
@@ -140,11 +147,11 @@ class Sampler:
     def sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """Greedy rows take the argmax; random rows draw from the processed distribution."""
         if meta.all_greedy:
-            return logits.argmax(dim=-1)
+            return row_argmax(logits)
         sampled = random_sample(self.probs(logits, meta), meta.generators)
         if meta.all_random:
             return sampled
-        return torch.where(meta.is_greedy, logits.argmax(dim=-1), sampled)
+        return torch.where(meta.is_greedy, row_argmax(logits), sampled)
 
     def process_logits(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """Temperature, argmax-invariant processors, then min-p, top-k, top-p (skipping stages

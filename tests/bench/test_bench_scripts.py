@@ -200,9 +200,12 @@ def test_step_profile_parts_add_up_to_the_step(capsys):
     from lab.bench import step_profile
 
     argv = ["--model", "tiny_llama", "--num-prompts", "2", "--input-len", "6", "--output-len", "3"]
-    rows, steps = step_profile.profile(step_profile.parse_args(argv))
+    table, steps = step_profile.profile(step_profile.parse_args(argv))
+    *rows, (name, linears) = table
     parts = dict(rows[:-1])
     assert steps == 3  # one prefill step, then two decode steps
     assert all(v >= 0 for v in parts.values()) and parts["attention"] > 0 < parts["sampling"]
+    assert name == "linears" and 0 < linears < parts["model"]  # timed inside model.forward
     step_profile.main(argv)
-    assert "engine other" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "engine other" in out and "GEMMs (linear layers" in out
