@@ -3,6 +3,7 @@
     python -m lab.bench.step_profile                          # bench_llama, 16 x 128 -> 128
     python -m lab.bench.step_profile --model bench_qwen3_06b --dtype bfloat16
     python -m lab.bench.step_profile --compile                # compile=true
+    python -m lab.bench.step_profile --ops 20                 # + torch.profiler's top 20 ops
 
 Every part is timed around the call that does it (wall time, perf_counter), on the engine's
 own objects, for every step of one `LLM.generate` after a warm-up:
@@ -47,7 +48,7 @@ class Timers:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
-        self._patched: list[tuple[object, str]] = []
+        self._patched: list[tuple[object, str, object]] = []  # (obj, attr, its own before)
 
     def wrap(self, obj: object, attr: str, name: str) -> None:
         fn: Callable = getattr(obj, attr)
@@ -60,13 +61,21 @@ class Timers:
                 self.seconds[name] += time.perf_counter() - t0
                 self.calls[name] += 1
 
+        self._patched.append((obj, attr, vars(obj).get(attr, _CLASS_ATTR)))
         setattr(obj, attr, timed)
-        self._patched.append((obj, attr))
 
     def close(self) -> None:
-        for obj, attr in self._patched:
-            delattr(obj, attr)  # the class's method shows through again
+        """Undo the patches, last first: an attribute the instance had of its own (compile=true's
+        model.forward) is put back, else the class's method shows through again."""
+        for obj, attr, own in reversed(self._patched):
+            if own is _CLASS_ATTR:
+                delattr(obj, attr)
+            else:
+                setattr(obj, attr, own)
         self._patched.clear()
+
+
+_CLASS_ATTR = object()  # Timers: the patched attribute was the class's, not the instance's
 
 
 def instrument(llm: LLM) -> Timers:
@@ -109,6 +118,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_workload_args(p)
     p.add_argument("--attention", default=None, help="attention backend (default: the config's)")
     p.add_argument("--compile", action="store_true", help="compile=true")
+    p.add_argument("--ops", type=int, default=0, metavar="N",
+                   help="then profile one more generate with torch.profiler and print its N "
+                        "costliest ops by self CPU time (vllm_op_profile.py: the peer's)")
     return p.parse_args(argv)
 
 
@@ -122,9 +134,16 @@ def profile(args: argparse.Namespace) -> tuple[list[tuple[str, float]], int]:
               cpu_kv_cache_gb=1.0, **kwargs)
     llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up
     timers = instrument(llm)
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=args.output_len,
-                                         ignore_eos=True))
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate(prompts, params)
     timers.close()
+    if args.ops:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            llm.generate(prompts, params)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.ops))
     return table(timers), timers.calls["step"]
 
 

@@ -209,3 +209,25 @@ def test_step_profile_parts_add_up_to_the_step(capsys):
     step_profile.main(argv)
     out = capsys.readouterr().out
     assert "engine other" in out and "GEMMs (linear layers" in out
+
+
+def test_step_profile_timers_put_back_an_instance_attribute():
+    """Closing the timers restores what the instance had of its own (compile=true replaces
+    model.forward on the instance: deleting it left the eager forward, which fails outside a
+    step context) and lets a class method show through again."""
+    from lab.bench.step_profile import Timers
+
+    class Model:
+        def forward(self):
+            return "class"
+
+    m = Model()
+    m.forward = lambda: "own"
+    other = Model()
+    timers = Timers()
+    timers.wrap(m, "forward", "forward")
+    timers.wrap(other, "forward", "forward")
+    assert m.forward() == "own" and other.forward() == "class" and timers.calls["forward"] == 2
+    timers.close()
+    assert m.forward() == "own" and "forward" in vars(m)
+    assert other.forward() == "class" and "forward" not in vars(other)
