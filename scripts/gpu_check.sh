@@ -31,14 +31,15 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
   > "$OUT/machine.txt" 2>&1
 
-# run LIMIT_S CMD...: one command of a part, killed after LIMIT_S seconds (the part goes on)
-run() { local limit=$1; shift; echo "\$ $*"; timeout -k 5 "$limit" "$@" 2>&1; local rc=$?
-        [ $rc -eq 124 ] && echo "[timed out after ${limit}s]"
+# run LIMIT_S CMD...: one command of a part, interrupted after LIMIT_S seconds (SIGINT: pytest
+# still prints its failures and summary; killed 15 s later), the part goes on
+run() { local limit=$1; shift; echo "\$ $*"; timeout -s INT -k 15 "$limit" "$@" 2>&1; local rc=$?
+        [ $rc -eq 124 ] && echo "[interrupted at the ${limit} s limit]"
         [ $rc -eq 0 ] || echo "[exit $rc]"; }
 # only the folders with gpu-marked tests: the others import loggers (wandb, prometheus) the
 # device image lacks
 gpu_tests() { local limit=$1; shift
-              run "$limit" python3 -m pytest "$@" -m gpu -q -p no:cacheprovider --tb=short; }
+              run "$limit" python3 -m pytest "$@" -m gpu -v -p no:cacheprovider --tb=short -rfE; }
 
 part_cudagraph() {
   gpu_tests 150 tests/worker/test_cudagraph.py
