@@ -102,3 +102,17 @@ def test_a_cuda_index_past_the_devices_is_refused(monkeypatch):
                                          r"device\(s\), cuda:0 .. cuda:1"):
         resolve_device("cuda:2")
     assert resolve_device("cuda:1") == torch.device("cuda:1")
+
+
+def test_a_rank_device_on_cuda_always_has_an_index(monkeypatch):
+    """torch 2.11's torch.cuda.set_device refuses a bare 'cuda' (every CUDA engine failed to
+    start on the H200): a rank's device carries its index, rank modulo the visible GPUs."""
+    from lab.worker.worker import rank_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert rank_device("cuda", 0, 1) == torch.device("cuda", 0)
+    assert rank_device("auto", 0, 1) == torch.device("cuda", 0)
+    assert [rank_device("cuda", r, 4).index for r in range(4)] == [0, 1, 0, 1]
+    assert rank_device("cuda:1", 0, 1) == torch.device("cuda", 1)
+    assert rank_device("cpu", 1, 2) == torch.device("cpu")
