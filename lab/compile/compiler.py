@@ -13,7 +13,9 @@ The token count T is marked *unbacked* dynamic (no 0/1 specialisation), so the f
 compiles one graph that serves every later step, decode, prefill or mixed, T = 1 included.
 Since nothing else can change between steps, dynamo's guards are skipped (their check cost
 ~0.2 ms a step on a 2-core CPU), and each CompiledForward keeps its graph apart from any other
-compiled model's (`isolate_recompiles`), so two engines in one process never share one.
+compiled model's (`isolate_recompiles`; on a torch without it, torch 2.11 on the GPU image,
+each instance compiles a copy of the traced function with a code object of its own, where
+dynamo keeps its cache), so two engines in one process never share one.
 
 Linear layers trace as F.linear (lab/layers/linear.py): on CPU inductor's freezing packs their
 weights for oneDNN itself and fuses the pointwise op after each GEMM (SiLU, residual add).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,9 +67,16 @@ class CompileOptions:
 
     @classmethod
     def for_device(cls, device: torch.device | str, **kwargs: Any) -> CompileOptions:
-        """The options for a model on `device` (CPU: with freezing)."""
+        """The options for a model on `device` (CPU: with freezing, on a torch whose oneDNN
+        weight packing takes the unbacked token count: 2.13, not 2.11, where freezing stays off
+        and the linears run as MKL GEMMs)."""
         cpu = torch.device(device).type == "cpu"
         inductor = dict(CPU_INDUCTOR_OPTIONS if cpu else COMMON_INDUCTOR_OPTIONS)
+        if cpu and not can_isolate_recompiles():  # the same torch releases (2.13 vs 2.11)
+            log.warning("compile=true on torch %s: inductor's freezing is off on the CPU (its "
+                        "oneDNN weight packing fails on the symbolic token count before 2.13)",
+                        torch.__version__)
+            inductor["freezing"] = False
         return cls(inductor=inductor, **kwargs)
 
 
@@ -117,15 +127,33 @@ def opaque_layer_ops() -> dict[str, tuple[Any, int]]:
 
 
 def check_torch() -> None:
-    """compile=true needs torch.compile(isolate_recompiles=), skip_all_guards_unsafe and
-    mark_unbacked(shape_id=): RuntimeError naming the torch version when one is missing."""
-    have = ("isolate_recompiles" in inspect.signature(torch.compile).parameters
-            and hasattr(torch.compiler, "skip_all_guards_unsafe")
-            and "shape_id" in inspect.signature(torch._dynamo.decorators.mark_unbacked).parameters)
+    """compile=true needs torch.compiler.skip_all_guards_unsafe and
+    mark_unbacked(shape_id=, hint_override=) (torch 2.11 has them): RuntimeError naming the torch
+    version when one is missing."""
+    unbacked = inspect.signature(torch._dynamo.decorators.mark_unbacked).parameters
+    have = (hasattr(torch.compiler, "skip_all_guards_unsafe")
+            and "shape_id" in unbacked and "hint_override" in unbacked)
     if not have:
         raise RuntimeError(f"compile=true needs a newer torch than {torch.__version__} "
-                           "(built on 2.13: torch.compile(isolate_recompiles=...)); use "
-                           "compile=false")
+                           "(torch.compiler.skip_all_guards_unsafe, mark_unbacked(shape_id=); "
+                           "built on 2.13, runs on 2.11); use compile=false")
+
+
+def can_isolate_recompiles() -> bool:
+    """Whether torch.compile takes isolate_recompiles= (torch 2.13; not 2.11)."""
+    return "isolate_recompiles" in inspect.signature(torch.compile).parameters
+
+
+def own_code_copy(method, tag: str):
+    """`method` (bound) as a function whose code object is new, named `tag`. Dynamo keeps its
+    compiled entries on the code object and counts them against one recompile limit (8): on a
+    code object shared by every CompiledForward, the ninth model compiled in a process would
+    fail to compile. A copy per instance keeps each graph apart where torch.compile has no
+    isolate_recompiles."""
+    fn = method.__func__
+    copy = types.FunctionType(fn.__code__.replace(co_name=tag), fn.__globals__, tag,
+                              fn.__defaults__, fn.__closure__)
+    return types.MethodType(copy, method.__self__)
 
 
 class CompiledForward:
@@ -142,10 +170,12 @@ class CompiledForward:
         prepare_layer_ops(model.ops)
         self.layer_slots = [None] * model.num_layers  # caches reach the ops through the context
         self.num_compiles = 0
+        isolate = can_isolate_recompiles()
         self.compiled = torch.compile(
-            self._graph, fullgraph=True, dynamic=False, backend=self._compile_graph,
+            self._graph if isolate else own_code_copy(self._graph, f"_graph_{id(self):x}"),
+            fullgraph=True, dynamic=False, backend=self._compile_graph,
             options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
-            isolate_recompiles=True)
+            **({"isolate_recompiles": True} if isolate else {}))
 
     def _graph(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.eager_forward(input_ids, positions, self.layer_slots, None)

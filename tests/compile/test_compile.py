@@ -76,6 +76,29 @@ def test_traced_forward_matches_eager_and_hf(model_name, attention):
     assert compiled.num_compiles == 1
 
 
+@pytest.mark.parametrize("isolate", [True, False])
+def test_two_compiled_models_in_one_process_keep_their_own_graphs(monkeypatch, isolate):
+    """Every guard is skipped, so a compiled entry found for a code object serves any call:
+    two models compiled in one process must not share one. torch 2.13 keeps them apart with
+    isolate_recompiles; without it (torch 2.11, the GPU image) each CompiledForward traces a
+    copy of its function with a code object of its own. Both ways, each model compiles once
+    under a recompile limit of 1 and keeps its own ids."""
+    from lab.compile import compiler
+
+    if isolate and not compiler.can_isolate_recompiles():
+        pytest.skip(f"torch {torch.__version__} has no isolate_recompiles")
+    monkeypatch.setattr(compiler, "can_isolate_recompiles", lambda: isolate)
+    # one compiled entry per code object: a second model on a shared one would be a recompile
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    engines = [LLM(name, **BASE) for name in ("tiny_llama", "tiny_qwen3")]
+    eager = [generate(llm) for llm in engines]
+    assert eager[0] != eager[1]
+    for llm in engines:
+        worker = llm.engine.executor.worker
+        compile_model(worker.model, worker.attn_backend, CompileOptions(backend="aot_eager"))
+    assert [generate(llm) for llm in engines] == eager
+
+
 @pytest.mark.gpu
 def test_compile_true_on_cuda_matches_eager_and_hf():
     """CUDA: Triton attention inside the opaque op, inductor's Triton kernels for the rest (the
