@@ -88,15 +88,16 @@ def test_two_compiled_models_in_one_process_keep_their_own_graphs(monkeypatch, i
     if isolate and not compiler.can_isolate_recompiles():
         pytest.skip(f"torch {torch.__version__} has no isolate_recompiles")
     monkeypatch.setattr(compiler, "can_isolate_recompiles", lambda: isolate)
-    # one compiled entry per code object: a second model on a shared one would be a recompile
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     engines = [LLM(name, **BASE) for name in ("tiny_llama", "tiny_qwen3")]
     eager = [generate(llm) for llm in engines]
     assert eager[0] != eager[1]
-    for llm in engines:
-        worker = llm.engine.executor.worker
-        compile_model(worker.model, worker.attn_backend, CompileOptions(backend="aot_eager"))
-    assert [generate(llm) for llm in engines] == eager
+    # one compiled entry per code object: a second model on a shared one would be a recompile
+    # (the config's own patch: monkeypatch's undo left the option unreadable on torch 2.13)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for llm in engines:
+            worker = llm.engine.executor.worker
+            compile_model(worker.model, worker.attn_backend, CompileOptions(backend="aot_eager"))
+        assert [generate(llm) for llm in engines] == eager
 
 
 @pytest.mark.gpu
