@@ -149,19 +149,20 @@ def _attend(md: TorchAttentionMetadata, q: torch.Tensor, key: torch.Tensor, val:
     step's causal mask -> [T, H, Dv] (padding tokens beyond num_actual_tokens are zero)."""
     n = md.inputs.num_actual_tokens
     decode = md.inputs.max_query_len == 1  # one row per request: no padding needed
-    if decode and _groups_as_rows(q, key):
-        return _attend_decode_grouped(md, q, key, val, scale)
+    if decode and _groups_as_rows(q, key):  # q as [B, Hkv, g, D]: g query rows per KV head
+        b, hkv = key.shape[:2]
+        out = F.scaled_dot_product_attention(
+            q[:n].view(b, hkv, -1, q.shape[-1]), key, val, attn_mask=md.attn_bias(q.dtype),
+            scale=scale,
+        ).reshape(n, q.shape[1], val.shape[-1])
+        return _with_padding_rows(out, q.shape[0])
     q_pad = q[:n].unsqueeze(1) if decode else _pad_queries(q[:n], md)
     out = F.scaled_dot_product_attention(
         q_pad.transpose(1, 2), key, val, attn_mask=md.mask, scale=scale,
         enable_gqa=q.shape[1] != key.shape[1],
     ).transpose(1, 2)  # [B, Q, H, Dv]
-    if decode and n == q.shape[0]:  # no padding rows: SDPA's [B, H, 1, D] is the answer
-        return out[:, 0]
-    result = q.new_empty(q.shape[0], q.shape[1], val.shape[-1])
-    result[n:] = 0
-    result[:n] = out[:, 0] if decode else out[md.token_req, md.token_row]
-    return result
+    return _with_padding_rows(out[:, 0] if decode else out[md.token_req, md.token_row],
+                              q.shape[0])
 
 
 def _groups_as_rows(q: torch.Tensor, key: torch.Tensor) -> bool:
@@ -174,19 +175,13 @@ def _groups_as_rows(q: torch.Tensor, key: torch.Tensor) -> bool:
     return g > 1 and (q.dtype == torch.float32 or g >= 4)
 
 
-def _attend_decode_grouped(md: TorchAttentionMetadata, q: torch.Tensor, key: torch.Tensor,
-                           val: torch.Tensor, scale: float) -> torch.Tensor:
-    """Decode (one query per request): q [T, H, D] as [B, Hkv, g, D], g query rows per KV
-    head over key / val [B, Hkv, S, D] (mask [B, 1, 1, S] broadcast over the rows)."""
-    n, (b, hkv) = md.inputs.num_actual_tokens, key.shape[:2]
-    out = F.scaled_dot_product_attention(
-        q[:n].view(b, hkv, -1, q.shape[-1]), key, val, attn_mask=md.attn_bias(q.dtype),
-        scale=scale,
-    ).reshape(n, q.shape[1], val.shape[-1])
-    if n == q.shape[0]:
+def _with_padding_rows(out: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """The real tokens' outputs [n, H, Dv] followed by zero rows up to `num_tokens` (the
+    step's padding tokens); `out` itself when there are none."""
+    if out.shape[0] == num_tokens:
         return out
-    result = q.new_zeros(q.shape[0], q.shape[1], val.shape[-1])
-    result[:n] = out
+    result = out.new_zeros(num_tokens, *out.shape[1:])
+    result[: out.shape[0]] = out
     return result
 
 
