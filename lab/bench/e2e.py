@@ -15,9 +15,9 @@ the ratio. Needs lab's full dependencies (Hydra); on CPU use --num-seqs 4 --max-
 
 On CUDA each run also gets its memory-bandwidth floor: no engine can finish faster than reading
 every weight once per decode step (at least as many steps as the longest output) plus every
-output token's context from the KV cache once, at the device's copy bandwidth (measured here:
-a device-to-device copy, bytes read + written). `floor tok/s` is the output tokens over that
-time, `of floor` the measured tok/s over it.
+output token's context from the KV cache once, at the device's copy bandwidth (measured in the
+same process by lab.bench.kernels.copy_bandwidth: a device-to-device copy, bytes read + written).
+`floor tok/s` is the output tokens over that time, `of floor` the measured tok/s over it.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch
 import yaml
 
 from lab import LLM, SamplingParams
+from lab.bench.kernels import copy_bandwidth
 
 
 def make_requests(n: int, lo: int, hi: int, vocab: int, seed: int):
@@ -59,22 +60,6 @@ def parse_run(spec: str) -> dict[str, object]:
     if not items or any("=" not in kv for kv in items):
         raise SystemExit(f"--runs {spec!r}: expected KEY=VALUE[,KEY=VALUE...]")
     return {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in items)}
-
-
-def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
-    """Bytes per second of a device-to-device copy (read + written), the median of `reps`."""
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return nbytes / sorted(times)[reps // 2]
 
 
 def floor_seconds(prompts, params, weight_bytes: int, kv_bytes_per_token: float,

@@ -59,10 +59,17 @@ def bench(fn: Callable[[], object]) -> float:
     return 1e3 * do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
-def ceilings() -> tuple[float, float]:
-    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")  # 1 GiB
+def copy_bandwidth() -> float:
+    """Bytes per second of a 1 GiB device-to-device copy of random bytes, read + written
+    (median over CUDA events): the memory ceiling here and in lab.bench.e2e's floor."""
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
-    copy_gbs = 2 * src.numel() / bench(lambda: dst.copy_(src)) / 1e3
+    return 2 * src.numel() / (bench(lambda: dst.copy_(src)) * 1e-6)
+
+
+def ceilings() -> tuple[float, float]:
+    """(copy GB/s, bf16 matmul TFLOP/s) measured on this device."""
+    copy_gbs = copy_bandwidth() / 1e9
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     mm_tflops = 2 * 8192**3 / bench(lambda: a @ b) / 1e6
