@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.torch_version import TorchVersion
 
 from lab.attention.base import AttentionBackend
 from lab.compile.opaque_ops import OpaqueAttention, OpaqueLayerOp, StepContext, step_context
@@ -72,7 +73,7 @@ class CompileOptions:
         and the linears run as MKL GEMMs)."""
         cpu = torch.device(device).type == "cpu"
         inductor = dict(CPU_INDUCTOR_OPTIONS if cpu else COMMON_INDUCTOR_OPTIONS)
-        if cpu and not can_isolate_recompiles():  # the same torch releases (2.13 vs 2.11)
+        if cpu and not freezing_takes_unbacked_sizes():
             log.warning("compile=true on torch %s: inductor's freezing is off on the CPU (its "
                         "oneDNN weight packing fails on the symbolic token count before 2.13)",
                         torch.__version__)
@@ -137,6 +138,13 @@ def check_torch() -> None:
         raise RuntimeError(f"compile=true needs a newer torch than {torch.__version__} "
                            "(torch.compiler.skip_all_guards_unsafe, mark_unbacked(shape_id=); "
                            "built on 2.13, runs on 2.11); use compile=false")
+
+
+def freezing_takes_unbacked_sizes() -> bool:
+    """Whether inductor's CPU freezing (its oneDNN weight packing) accepts the unbacked token
+    count: torch 2.13 does; 2.11 raises GuardOnDataDependentSymNode in pack_linear_weight. No
+    feature to probe for, so the version decides."""
+    return TorchVersion(torch.__version__) >= "2.13"
 
 
 def can_isolate_recompiles() -> bool:
