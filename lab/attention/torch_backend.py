@@ -116,14 +116,21 @@ class TorchAttentionBackend(MLAAttentionMixin, PagedKVBackend):
 
     def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
         md: TorchAttentionMetadata = metadata
-        n = md.inputs.num_actual_tokens
-        k_scale, v_scale = layer_kv_scales(md.inputs, layer_idx, kv_cache, k[:n], v[:n])
-        _write_rows(kv_cache, k[:n], v[:n], md.write_rows, md.write_slots, k_scale, v_scale)
+        k_scale, v_scale = self.write_step_kv(layer_idx, k, v, kv_cache, md)
         key, val = _gather_kv(kv_cache, md.kv_index(kv_cache.shape[1]), md.inputs.num_reqs)
         if kv_cache.dtype == FP8_KV_DTYPE:
             key = dequantize_kv_ref(key, k_scale).to(q.dtype)
             val = dequantize_kv_ref(val, v_scale).to(q.dtype)
         return _attend(md, q, key, val, scale)
+
+    def write_step_kv(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
+                      kv_cache: torch.Tensor, md: TorchAttentionMetadata):
+        """The step's K / V rows into layer `layer_idx`'s cache (fp8: quantized with the
+        layer's scales) -> the layer's (k_scale, v_scale), None for a cache in the model dtype."""
+        n = md.inputs.num_actual_tokens
+        k_scale, v_scale = layer_kv_scales(md.inputs, layer_idx, kv_cache, k[:n], v[:n])
+        _write_rows(kv_cache, k[:n], v[:n], md.write_rows, md.write_slots, k_scale, v_scale)
+        return k_scale, v_scale
 
     def forward_mla(self, layer_idx, q_nope, q_pe, kv_c, k_pe, kv_cache, metadata,
                     mla: MLAWeights, scale):

@@ -25,6 +25,11 @@ OpenMP worker to sleep at once (it keeps vLLM's Python thread off a spinning cor
 unset, libgomp spins a while first. compiled = torch.compile (vLLM: enforce_eager=False; lab:
 compile=true).
 
+--attention-ceiling adds a lab mode per (OMP_WAIT_POLICY, eager | compiled) whose decode steps
+only write the KV cache (lab/bench/attention_ceiling.py): lab's speed with decode attention free,
+the most any decode-attention kernel could give. Its ratio to the same peer mode is printed per
+round under the quoted one (its tokens are wrong by design).
+
 --sampling penalties_logprobs gives every request presence_penalty=0.5, frequency_penalty=0.5,
 repetition_penalty=1.1 and logprobs=5 (HF generate is skipped: it has no presence/frequency
 penalties); --sampling both times lab (and the peer) with sampling off, then with that, each on
@@ -47,6 +52,7 @@ from pathlib import Path
 import torch
 
 from lab import LLM, SamplingParams
+from lab.bench import attention_ceiling
 from lab.models.tiny import ensure_tiny_model, preset_names
 
 
@@ -99,11 +105,13 @@ def run_lab_settings(path: Path, prompts, args) -> dict[str, tuple[float, list[l
     """{setting: (seconds, token ids)} for each --sampling setting, timed on one LLM, each after
     a short warm-up with that setting's params; with --repeat N the settings take turns N times
     and each keeps its fastest run (noise on these machines only ever adds time)."""
+    extra = {"compile": True} if args.compile else {}
+    if args.attention_free:
+        extra[attention_ceiling.KNOB] = attention_ceiling.TARGET
     llm = LLM(str(path), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens,
               cpu_kv_cache_gb=1.0,  # a CPU cache every request fits in: speed, not preemption
-              engine_client=args.engine_client, cpu_threads=args.cpu_threads,
-              **({"compile": True} if args.compile else {}))
+              engine_client=args.engine_client, cpu_threads=args.cpu_threads, **extra)
     out: dict[str, tuple[float, list[list[int]]]] = {}
     for _ in range(args.repeat):
         for setting in settings_of(args.sampling):
@@ -173,12 +181,15 @@ MODES = ("eager", "compiled")
 
 @dataclass(frozen=True)
 class Mode:
-    engine: str  # lab | the peer's name
+    engine: str  # lab | CEILING (lab, decode attention free) | the peer's name
     omp: str  # OMP_WAIT_POLICY: unset | passive | active
     mode: str  # eager | compiled
 
     def __str__(self) -> str:
         return f"{self.engine:<6} OMP_WAIT_POLICY={self.omp:<8} {self.mode}"
+
+
+CEILING = "lab-0a"  # the --attention-ceiling modes' engine: lab with decode attention free
 
 
 def omp_env(policy: str) -> dict:
@@ -197,6 +208,8 @@ def run_lab_process(mode: Mode, argv: list[str]) -> dict:
         cmd = [sys.executable, "-m", "lab.bench.throughput", *argv, "--one-run", str(out)]
         if mode.mode == "compiled":
             cmd.append("--compile")
+        if mode.engine == CEILING:
+            cmd.append("--attention-free")
         subprocess.run(cmd, check=True, stdout=sys.stderr, env=omp_env(mode.omp))
         return json.loads(out.read_text())
 
@@ -226,6 +239,8 @@ def lab_argv(args: argparse.Namespace) -> list[str]:
 def run_rounds(path: Path, prompts, args) -> None:
     """Every mode once per round, for --repeat rounds; then medians and the ratio to quote."""
     modes = [Mode("lab", omp, m) for omp in args.omp_wait_policy for m in args.modes]
+    if args.attention_ceiling:
+        modes += [Mode(CEILING, omp, m) for omp in args.omp_wait_policy for m in args.modes]
     if args.peer_python:
         modes += [Mode("vllm", omp, m) for omp in args.omp_wait_policy for m in args.modes]
     n_out = len(prompts) * args.output_len
@@ -235,7 +250,7 @@ def run_rounds(path: Path, prompts, args) -> None:
           f"dtype {args.dtype}  sampling {args.sampling}  rounds {args.repeat}")
     for k in range(args.repeat):
         for mode in modes:
-            r = (run_lab_process(mode, lab_argv(args)) if mode.engine == "lab" else
+            r = (run_lab_process(mode, lab_argv(args)) if mode.engine in ("lab", CEILING) else
                  run_peer(args.peer_python, path, prompts, args, mode.mode == "compiled",
                           omp_env(mode.omp), repeat=1))
             runs[mode].append(n_out / r["elapsed_s"])
@@ -250,21 +265,30 @@ def summarize(runs: dict, ids: dict, prompts, path: Path, args) -> str:
     lines = ["", f"{'mode':<42}{'median tok/s':>14}  runs (tok/s)  token ids vs lab"]
     for mode, tps in runs.items():
         lines.append(f"{str(mode):<42}{statistics.median(tps):>14.1f}  "
-                     f"{', '.join(f'{t:.0f}' for t in tps)}  {match_rate(first, ids[mode])}")
+                     f"{', '.join(f'{t:.0f}' for t in tps)}  "
+                     f"{'-' if mode.engine == CEILING else match_rate(first, ids[mode])}")
     if not args.no_hf:
         _, hf_ids = run_hf(path, prompts, args)
         lines.append(f"hf generate token ids vs lab: {match_rate(first, hf_ids)}")
-    peers = [m for m in runs if m.engine != "lab"]
+    peers = [m for m in runs if m.engine not in ("lab", CEILING)]
     if not peers:
         return "\n".join(lines)
     best_peer = max(peers, key=lambda m: statistics.median(runs[m]))
     same = [m for m in runs if m.engine == "lab" and m.omp == best_peer.omp]
     best_lab = max(same, key=lambda m: statistics.median(runs[m]))
-    ratios = [a / b for a, b in zip(runs[best_lab], runs[best_peer])]
     lines += ["", f"peer's best mode: {best_peer}", f"lab under the same settings, best mode: "
-              f"{best_lab}", f"lab / peer per round: {', '.join(f'{r:.2f}' for r in ratios)}  "
-              f"median {statistics.median(ratios):.2f}"]
+              f"{best_lab}", f"lab / peer per round: {ratio_line(runs[best_lab], runs[best_peer])}"]
+    ceiling = Mode(CEILING, best_lab.omp, best_lab.mode)
+    if ceiling in runs:
+        lines.append(f"{CEILING} (lab's best mode, decode attention free) / peer per round: "
+                     f"{ratio_line(runs[ceiling], runs[best_peer])}")
     return "\n".join(lines)
+
+
+def ratio_line(ours: list[float], theirs: list[float]) -> str:
+    """Each round's tok/s ratio and their median."""
+    ratios = [a / b for a, b in zip(ours, theirs)]
+    return f"{', '.join(f'{r:.2f}' for r in ratios)}  median {statistics.median(ratios):.2f}"
 
 
 def match_rate(a: list[list[int]], b: list[list[int]]) -> str:
@@ -298,6 +322,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--modes", type=_choices(MODES), default=list(MODES),
                    help="rounds: comma list of eager, compiled")
     p.add_argument("--compile", action="store_true", help="lab with compile=true")
+    p.add_argument("--attention-ceiling", action="store_true",
+                   help="rounds: also time lab with decode attention free (only its KV write; "
+                        "lab/bench/attention_ceiling.py): the most a decode-attention kernel "
+                        "could give")
+    p.add_argument("--attention-free", action="store_true",
+                   help="(internal) this lab run with decode attention free")
     p.add_argument("--one-run", default=None, metavar="OUT",
                    help="(internal) time lab once and write the result JSON to OUT")
     return p.parse_args(argv)

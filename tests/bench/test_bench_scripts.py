@@ -1,6 +1,8 @@
 """The benchmark scripts run end to end (tiny shapes; they report, tests never assert timings)."""
 
+import json
 import sys
+from pathlib import Path
 
 from lab import SamplingParams
 from lab.bench import e2e, kernels, overhead
@@ -151,6 +153,40 @@ def test_throughput_rounds_quote_lab_against_the_peers_best_mode(capsys, monkeyp
     assert "lab under the same settings, best mode: lab    OMP_WAIT_POLICY=unset" in out
     assert "lab / peer per round: 2.00, 2.00, 2.50  median 2.00" in out
     assert "0/1 sequences identical" in out  # the fake peer's ids differ from lab's
+
+
+def test_throughput_attention_ceiling_is_timed_beside_lab_but_never_quoted(capsys, monkeypatch):
+    """--attention-ceiling: a lab-0a mode per lab mode, run with --attention-free; its ratio to
+    the peer's best mode is printed under the quoted one, never chosen as lab's best mode (even
+    when faster) and its token ids are not compared (they are wrong by design)."""
+    from lab.bench import throughput
+
+    seconds = {"lab": 2.0, throughput.CEILING: 1.0, "vllm": 2.5}
+    cmds = []
+
+    def fake_run(cmd, check, stdout, env):  # run_lab_process's subprocess
+        cmds.append(cmd)
+        engine = throughput.CEILING if "--attention-free" in cmd else "lab"
+        out = Path(cmd[cmd.index("--one-run") + 1])
+        out.write_text(json.dumps({"elapsed_s": seconds[engine], "token_ids": [[1, 2]]}))
+
+    def fake_peer(python, path, prompts, args, compiled, env, repeat):
+        return {"elapsed_s": seconds["vllm"], "token_ids": [[1, 2]]}
+
+    monkeypatch.setattr(throughput.subprocess, "run", fake_run)
+    monkeypatch.setattr(throughput, "run_peer", fake_peer)
+    throughput.main(["--model", "tiny_llama", "--num-prompts", "2", "--output-len", "4",
+                     "--repeat", "2", "--modes", "compiled", "--omp-wait-policy", "unset",
+                     "--no-hf", "--peer-python", "py", "--attention-ceiling"])
+    out = capsys.readouterr().out
+    assert [("--attention-free" in c, "--compile" in c) for c in cmds] == [(False, True),
+                                                                          (True, True)] * 2
+    assert "lab under the same settings, best mode: lab    OMP_WAIT_POLICY=unset" in out
+    assert "lab / peer per round: 1.25, 1.25  median 1.25" in out
+    assert ("lab-0a (lab's best mode, decode attention free) / peer per round: 2.50, 2.50  "
+            "median 2.50") in out
+    ceiling_row = next(line for line in out.splitlines() if line.startswith("lab-0a "))
+    assert ceiling_row.endswith("  -")
 
 
 def test_throughput_one_run_writes_lab_timing_and_ids(tmp_path):
