@@ -106,6 +106,8 @@ def run_lab_settings(path: Path, prompts, args) -> dict[str, tuple[float, list[l
     a short warm-up with that setting's params; with --repeat N the settings take turns N times
     and each keeps its fastest run (noise on these machines only ever adds time)."""
     extra = {"compile": True} if args.compile else {}
+    if args.attention:
+        extra["attention"] = args.attention
     if args.attention_free:
         extra[attention_ceiling.KNOB] = attention_ceiling.TARGET
     llm = LLM(str(path), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
@@ -233,6 +235,8 @@ def lab_argv(args: argparse.Namespace) -> list[str]:
         argv.append("--mixed")
     if args.cpu_threads is not None:
         argv += ["--cpu-threads", str(args.cpu_threads)]
+    if args.attention:
+        argv += ["--attention", args.attention]
     return argv
 
 
@@ -247,7 +251,8 @@ def run_rounds(path: Path, prompts, args) -> None:
     runs: dict[Mode, list[float]] = {m: [] for m in modes}
     ids: dict[Mode, list[list[int]]] = {}
     print(f"\nmodel {args.model}  prompts {len(prompts)}  output {args.output_len} tokens each  "
-          f"dtype {args.dtype}  sampling {args.sampling}  rounds {args.repeat}")
+          f"dtype {args.dtype}  sampling {args.sampling}  rounds {args.repeat}  "
+          f"lab attention={args.attention or 'torch (the config default)'}")
     for k in range(args.repeat):
         for mode in modes:
             r = (run_lab_process(mode, lab_argv(args)) if mode.engine in ("lab", CEILING) else
@@ -322,6 +327,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--modes", type=_choices(MODES), default=list(MODES),
                    help="rounds: comma list of eager, compiled")
     p.add_argument("--compile", action="store_true", help="lab with compile=true")
+    p.add_argument("--attention", default=None,
+                   help="lab's attention backend (default: the config's, attention=torch); "
+                        "cpu: decode steps on the C++ paged-decode kernel")
     p.add_argument("--attention-ceiling", action="store_true",
                    help="rounds: also time lab with decode attention free (only its KV write; "
                         "lab/bench/attention_ceiling.py): the most a decode-attention kernel "

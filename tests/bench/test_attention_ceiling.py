@@ -5,39 +5,16 @@ engine knob it names."""
 import torch
 
 from lab import LLM, SamplingParams
-from lab.attention.base import AttentionInputs
 from lab.attention.torch_backend import TorchAttentionBackend
 from lab.bench.attention_ceiling import KNOB, TARGET, KVWriteOnlyAttention
+from tests.attention.paged_steps import paged_step
 
-HKV, GROUP, D, BS = 2, 2, 8, 4
-
-
-def _step(num_computed: list[int], query_lens: list[int]):
-    """(inputs, q, k, v) of one step over a scattered cache: request i holds num_computed[i]
-    tokens and adds query_lens[i]; its blocks are 1 + 3i, 2 + 3i, 3 + 3i."""
-    tables = [[1 + 3 * i, 2 + 3 * i, 3 + 3 * i] for i in range(len(query_lens))]
-    slots = [tables[i][p // BS] * BS + p % BS
-             for i, (c, n) in enumerate(zip(num_computed, query_lens)) for p in range(c, c + n)]
-    seq_lens = [c + n for c, n in zip(num_computed, query_lens)]
-    t = sum(query_lens)
-    inputs = AttentionInputs(
-        query_start_loc=torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()],
-                                     dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        num_computed_tokens=torch.tensor(num_computed, dtype=torch.int32),
-        block_table=torch.tensor(tables, dtype=torch.int32),
-        slot_mapping=torch.tensor(slots, dtype=torch.long), num_reqs=len(query_lens),
-        num_actual_tokens=t, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-        block_size=BS, query_lens_cpu=query_lens, seq_lens_cpu=seq_lens)
-    return (inputs, torch.randn(t, HKV * GROUP, D), torch.randn(t, HKV, D),
-            torch.randn(t, HKV, D))
+D = 8
 
 
 def _both(num_computed, query_lens):
     """Each backend's output and cache after the same step on the same cache."""
-    torch.manual_seed(0)
-    cache = torch.randn(2, 3 * len(query_lens) + 1, BS, HKV, D)
-    inputs, q, k, v = _step(num_computed, query_lens)
+    inputs, q, k, v, cache = paged_step(num_computed, query_lens, d=D, padding=False)
     results = []
     for backend in (TorchAttentionBackend(), KVWriteOnlyAttention()):
         mine = cache.clone()

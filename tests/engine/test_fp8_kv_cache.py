@@ -10,11 +10,13 @@
 
 import pytest
 import torch
+from hydra.utils import get_class
 
 from lab import LLM, SamplingParams
+from lab.attention.torch_backend import TorchAttentionBackend
 from lab.kernels import interpreter_active
 from lab.kernels.fp8_kv import FP8_KV_DTYPE
-from tests.options import model_for, options
+from tests.options import model_for, options, target
 
 PROMPT_LENS = [5, 17, 30, 9]
 MAX_TOKENS = 12
@@ -39,12 +41,17 @@ def _fp8(model, **knobs):
     return LLM(model, **(BASE | {"cache.dtype": "fp8"} | knobs))
 
 
-# Every backend but the torch reference, on a model of its kind. kernels=triton only where it is
-# cheap enough in the interpreter (the Triton ops do not touch the KV cache), and inproc only.
+# Every backend but the torch reference and the backends built on it (attention=cpu reads an
+# fp8 cache through the torch path itself), on a model of its kind. kernels=triton only where it
+# is cheap enough in the interpreter (the Triton ops do not touch the KV cache), and inproc only.
 KERNELS = {"triton_flash": "triton"}
 
 
-@pytest.fixture(scope="module", params=[a for a in options("attention") if a != "torch"])
+def _own_fp8_path(option: str) -> bool:
+    return not issubclass(get_class(target("attention", option)), TorchAttentionBackend)
+
+
+@pytest.fixture(scope="module", params=[a for a in options("attention") if _own_fp8_path(a)])
 def attention(request):
     return request.param
 

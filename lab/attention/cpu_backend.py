@@ -1,0 +1,55 @@
+"""`attention=cpu`: the torch backend with decode steps on a C++ paged-decode kernel (CPU).
+
+    python run.py attention=cpu                     # fp32 or bf16 model on the CPU
+
+Decode steps (one query token per request) whose q and cache share an fp32 or bf16 dtype on the
+CPU run `lab.kernels.cpu_paged_decode.paged_decode`: one C++ call per layer that writes the
+step's K / V rows into their slots and attends, reading each request's blocks in place through
+the block table instead of gathering every cached block into a new tensor for SDPA (the torch
+path's cost: experiments/results/2026-12-04-cpu-attention-ceiling.md). Everything else (prefill
+and mixed steps, MLA, an fp8 cache, CUDA tensors) is attention=torch's, which is also this
+backend's reference in the tests.
+
+The kernel is C++ built at first use (a C++ compiler is needed; ~25 s once per machine, then
+cached). Where it cannot be built the backend says so once (a warning) and runs attention=torch's
+decode path.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from lab.attention.torch_backend import TorchAttentionBackend, TorchAttentionMetadata
+from lab.kernels import cpu_paged_decode as kernel
+
+log = logging.getLogger(__name__)
+
+
+class CPUAttentionBackend(TorchAttentionBackend):
+    """attention=torch whose decode steps run the CPU paged-decode kernel (module docstring)."""
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernel_ok: bool | None = None  # None: not tried yet
+        self.ext = None  # the built extension (its paged_decode: one call per layer)
+
+    def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
+        md: TorchAttentionMetadata = metadata
+        a = md.inputs
+        if a.max_query_len != 1 or not kernel.supports(q, kv_cache) or not self._kernel():
+            return super().forward(layer_idx, q, k, v, kv_cache, metadata, scale)
+        return self.ext.paged_decode(q, k, v, kv_cache, a.slot_mapping, a.block_table,
+                                     a.seq_lens, a.num_reqs, a.num_actual_tokens, scale)
+
+    def _kernel(self) -> bool:
+        """Whether the kernel is built (tried once; a failure is logged and remembered)."""
+        if self.kernel_ok is None:
+            try:
+                self.ext = kernel.load()
+                self.kernel_ok = True
+            except kernel.CPUKernelUnavailable as e:
+                log.warning("attention=cpu runs attention=torch's decode path: %s", e)
+                self.kernel_ok = False
+        return self.kernel_ok

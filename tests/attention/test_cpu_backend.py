@@ -1,0 +1,85 @@
+"""attention=cpu: decode steps through the C++ kernel equal attention=torch (output and cache);
+other steps are attention=torch's; without the kernel it says so once and runs the torch path;
+an engine with it generates attention=torch's greedy tokens (fp32), padded decode included."""
+
+import logging
+
+import pytest
+import torch
+
+from lab import LLM, SamplingParams
+from lab.attention.cpu_backend import CPUAttentionBackend
+from lab.attention.torch_backend import TorchAttentionBackend
+from lab.kernels import cpu_paged_decode as kernel
+from tests.attention.paged_steps import paged_step
+
+D = 8
+
+
+@pytest.fixture(scope="module")
+def has_kernel() -> bool:
+    try:
+        kernel.load()
+        return True
+    except kernel.CPUKernelUnavailable:
+        return False
+
+
+def _step(num_computed: list[int], query_lens: list[int], dtype=torch.float32):
+    return paged_step(num_computed, query_lens, d=D, dtype=dtype)
+
+
+def _run(backend, step):
+    inputs, q, k, v, cache = step
+    cache = cache.clone()
+    return backend.forward(0, q, k, v, cache, backend.build_metadata(inputs), D ** -0.5), cache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_equals_the_torch_backend(has_kernel, dtype):
+    step = _step([5, 9, 2], [1, 1, 1], dtype)
+    backend = CPUAttentionBackend()
+    out, cache = _run(backend, step)
+    want, want_cache = _run(TorchAttentionBackend(), step)
+    assert backend.kernel_ok is has_kernel
+    assert torch.equal(cache, want_cache)
+    tol = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(out, want, **tol)
+
+
+def test_prefill_and_mixed_steps_are_the_torch_backends():
+    for computed, qlens in (([0, 0], [6, 3]), ([4, 0], [1, 5])):
+        step = _step(computed, qlens)
+        (out, cache), (want, want_cache) = _run(CPUAttentionBackend(), step), _run(
+            TorchAttentionBackend(), step)
+        assert torch.equal(out, want) and torch.equal(cache, want_cache)
+
+
+def test_without_the_kernel_it_warns_once_and_runs_the_torch_path(monkeypatch, caplog):
+    def unavailable():
+        raise kernel.CPUKernelUnavailable("no C++ compiler")
+
+    monkeypatch.setattr(kernel, "load", unavailable)
+    backend = CPUAttentionBackend()
+    step = _step([5, 9], [1, 1])
+    with caplog.at_level(logging.WARNING, logger="lab.attention.cpu_backend"):
+        outs = [_run(backend, step) for _ in range(2)]
+    assert [r.message for r in caplog.records] == [
+        "attention=cpu runs attention=torch's decode path: no C++ compiler"]
+    want, want_cache = _run(TorchAttentionBackend(), step)
+    for out, cache in outs:
+        assert torch.equal(out, want) and torch.equal(cache, want_cache)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_an_engine_with_it_generates_the_torch_backends_tokens(has_kernel, padded):
+    knobs = {"cudagraph_capture_sizes": [4, 8]} if padded else {}  # 3 requests padded to 4
+    prompts = [[3, 4, 5, 6, 7], list(range(10, 40)), [8]]
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    ids = {}
+    for attention in ("torch", "cpu"):
+        llm = LLM("tiny_llama", attention=attention, **knobs)
+        ids[attention] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
+    runner = llm.engine.executor.worker.runner
+    assert runner.attn_backend.kernel_ok is has_kernel
+    assert ids["cpu"] == ids["torch"]

@@ -1,0 +1,90 @@
+"""The C++ CPU paged-decode kernel equals its PyTorch reference: the step's K/V rows written to
+their slots (slot -1 skipped), then each request's query over its keys read through the block
+table; padding rows zero; bad input refused with the field named."""
+
+import pytest
+import torch
+
+from lab.kernels import cpu_paged_decode as kernel
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    """Build (or load) the extension once; no C++ toolchain here: skip, saying why."""
+    try:
+        kernel.load()
+    except kernel.CPUKernelUnavailable as e:
+        pytest.skip(str(e))
+
+
+def _step(num_reqs: int, hkv: int, group: int, d: int, bs: int, dtype, seed: int = 0):
+    """A decode step over a scattered cache: request b holds seq_len[b] keys (its new token's
+    included) in its own blocks; q/k/v are views of one fused qkv row per token (as the model
+    hands them over), plus one padding token (slot -1)."""
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = torch.randint(1, 5 * bs + 1, (num_reqs,), generator=g, dtype=torch.int32)
+    nblk = int(-(-seq_lens.max() // bs))
+    perm = torch.randperm(num_reqs * nblk, generator=g) + 1  # block 0 is the null block
+    table = perm.view(num_reqs, nblk).int()
+    kv = torch.randn(2, num_reqs * nblk + 1, bs, hkv, d, generator=g).to(dtype)
+    t, h = num_reqs + 1, hkv * group
+    qkv = torch.randn(t, (h + 2 * hkv) * d, generator=g).to(dtype)
+    q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
+    last = (seq_lens - 1).long()
+    slots = table[torch.arange(num_reqs), last // bs].long() * bs + last % bs
+    slots = torch.cat([slots, torch.tensor([-1])])
+    return (q.view(t, h, d), k.view(t, hkv, d), v.view(t, hkv, d), kv, slots, table, seq_lens)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("num_reqs", "hkv", "group", "d", "bs"), [
+    (1, 1, 1, 8, 1), (3, 2, 2, 16, 4), (4, 2, 4, 8, 16), (2, 4, 1, 32, 8), (5, 1, 8, 16, 2),
+])
+def test_kernel_equals_reference(dtype, num_reqs, hkv, group, d, bs):
+    q, k, v, kv, slots, table, seq_lens = _step(num_reqs, hkv, group, d, bs, dtype)
+    kv_ref = kv.clone()
+    args = (slots, table, seq_lens, num_reqs, q.shape[0], d ** -0.5)
+    out = kernel.paged_decode(q, k, v, kv, *args)
+    want = kernel.paged_decode_ref(q, k, v, kv_ref, *args)
+    assert torch.equal(kv, kv_ref)  # the same rows written, the padding token's nowhere
+    assert not out[num_reqs:].any()  # the padding row's output is zero
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(out, want, **tol)
+
+
+def test_rows_past_num_tokens_are_not_written():
+    q, k, v, kv, slots, table, seq_lens = _step(3, 2, 2, 8, 4, torch.float32)
+    before = kv.clone()
+    kernel.paged_decode(q, k, v, kv, slots, table, seq_lens, 3, 1, 1.0)
+    changed = (kv != before).flatten(3).any(-1)  # [2, num_blocks, block_size]
+    blk, off = divmod(int(slots[0]), 4)
+    assert changed.sum() == 2 and changed[0, blk, off] and changed[1, blk, off]
+
+
+def test_bad_input_is_refused_naming_it():
+    q, k, v, kv, slots, table, seq_lens = _step(2, 2, 2, 8, 4, torch.float32)
+    args = (slots, table, seq_lens, 2, 3, 1.0)
+    with pytest.raises(RuntimeError, match="must share one dtype"):
+        kernel.paged_decode(q.double(), k, v, kv, *args)
+    with pytest.raises(RuntimeError, match="k must be .* each token's heads contiguous"):
+        kernel.paged_decode(q, k.transpose(0, 1).contiguous().transpose(0, 1), v, kv, *args)
+    with pytest.raises(RuntimeError, match="slots must be int64"):
+        kernel.paged_decode(q, k, v, kv, slots.int(), table, seq_lens, 2, 3, 1.0)
+
+
+def test_no_toolchain_is_reported_as_unavailable(monkeypatch):
+    import torch.utils.cpp_extension as ext
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(ext, "load", no_compiler)
+    with pytest.raises(kernel.CPUKernelUnavailable, match="could not be built: no C\\+\\+"):
+        kernel.build()
+
+
+def test_the_build_is_named_for_this_source_and_cpu():
+    name = kernel.extension_name()
+    assert name.startswith("lab_cpu_paged_decode_") and name == kernel.extension_name()
+    assert kernel.supports(torch.zeros(1), torch.zeros(1))
+    assert not kernel.supports(torch.zeros(1, dtype=torch.float16), torch.zeros(1))
