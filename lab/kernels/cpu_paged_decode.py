@@ -8,10 +8,13 @@ This kernel reads K and V in place through the block table, once. It is what `at
 could give.
 
 Build: torch's cpp_extension compiles the source at first use (~25 s on 2 cores) with
-`-O3 -march=native -fopenmp-simd -fno-math-errno` and caches it (TORCH_EXTENSIONS_DIR). The
-extension's name carries a hash of the source, the compiler flags, torch's version and this
-CPU's flags, so a changed source or another machine builds its own copy instead of loading a
-binary made for other instructions. Without a C++ compiler `load()` raises
+`CFLAGS` and caches it (TORCH_EXTENSIONS_DIR). `-fopenmp` is what makes `at::parallel_for` run
+on torch's OpenMP pool (without it the header-only loop runs serially; the extension's libgomp
+is torch's, one runtime per process); `-ffast-math` lets the fp32 reductions and the exp
+vectorize (glibc's libmvec: `-lmvec`); the scores are finite, so its no-NaN/inf assumption
+holds. The extension's name carries a hash of the source, the compiler flags, torch's version
+and this CPU's flags, so a changed source or another machine builds its own copy instead of
+loading a binary made for other instructions. Without a C++ compiler `load()` raises
 `CPUKernelUnavailable` and the backend falls back to the torch path (with one warning).
 
     paged_decode(q, k, v, kv_cache, slots, block_table, seq_lens, num_reqs, num_tokens, scale)
@@ -39,7 +42,7 @@ from lab.kernels.kv_cache_write import write_kv_cache_ref
 
 SOURCE = Path(__file__).with_name("cpu_paged_decode.cpp")
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
-LDFLAGS = ["-fopenmp", "-lmvec"]  # glibc's vector math (the vectorized exp)
+LDFLAGS = ["-fopenmp", "-lmvec"]  # OpenMP (torch's libgomp at run time), glibc's vector math
 DTYPES = (torch.float32, torch.bfloat16)
 
 
