@@ -17,9 +17,10 @@ decode path.
 
 from __future__ import annotations
 
+import functools
 import logging
 
-from lab.attention.torch_backend import TorchAttentionBackend, TorchAttentionMetadata
+from lab.attention.torch_backend import TorchAttentionBackend
 from lab.kernels import cpu_paged_decode as kernel
 
 log = logging.getLogger(__name__)
@@ -30,26 +31,20 @@ class CPUAttentionBackend(TorchAttentionBackend):
 
     name = "cpu"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.kernel_ok: bool | None = None  # None: not tried yet
-        self.ext = None  # the built extension (its paged_decode: one call per layer)
-
     def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
-        md: TorchAttentionMetadata = metadata
-        a = md.inputs
-        if a.max_query_len != 1 or not kernel.supports(q, kv_cache) or not self._kernel():
+        a = metadata.inputs
+        if not (a.is_pure_decode and kernel.supports(q, kv_cache) and self.kernel_ok):
             return super().forward(layer_idx, q, k, v, kv_cache, metadata, scale)
-        return self.ext.paged_decode(q, k, v, kv_cache, a.slot_mapping, a.block_table,
-                                     a.seq_lens, a.num_reqs, a.num_actual_tokens, scale)
+        return kernel.paged_decode(q, k, v, kv_cache, a.slot_mapping, a.block_table, a.seq_lens,
+                                   a.num_reqs, a.num_actual_tokens, scale)
 
-    def _kernel(self) -> bool:
-        """Whether the kernel is built (tried once; a failure is logged and remembered)."""
-        if self.kernel_ok is None:
-            try:
-                self.ext = kernel.load()
-                self.kernel_ok = True
-            except kernel.CPUKernelUnavailable as e:
-                log.warning("attention=cpu runs attention=torch's decode path: %s", e)
-                self.kernel_ok = False
-        return self.kernel_ok
+    @functools.cached_property
+    def kernel_ok(self) -> bool:
+        """Whether the kernel is built here (tried at the first decode step; a failure is logged
+        once and remembered)."""
+        try:
+            kernel.load()
+            return True
+        except kernel.CPUKernelUnavailable as e:
+            log.warning("attention=cpu runs attention=torch's decode path: %s", e)
+            return False

@@ -96,7 +96,7 @@ class TorchAttentionBackend(MLAAttentionMixin, PagedKVBackend):
         blocks = inputs.block_table.long()
         keys = torch.arange(blocks.shape[1] * inputs.block_size, device=device)
         rows, slots = _write_targets(inputs.slot_mapping[:inputs.num_actual_tokens])
-        if inputs.max_query_len == 1:  # decode: token i is request i's, at position seq_len - 1
+        if inputs.is_pure_decode:  # token i is request i's, at position seq_len - 1
             token_req = torch.arange(b, device=device)
             mask = keys[None, :] < inputs.seq_lens[:, None]
             return TorchAttentionMetadata(inputs, token_req, torch.zeros_like(token_req),
@@ -155,7 +155,7 @@ def _attend(md: TorchAttentionMetadata, q: torch.Tensor, key: torch.Tensor, val:
     """Flat queries [T, H, D] over gathered key [B, Hkv, S, D] / val [B, Hkv, S, Dv] with the
     step's causal mask -> [T, H, Dv] (padding tokens beyond num_actual_tokens are zero)."""
     n = md.inputs.num_actual_tokens
-    decode = md.inputs.max_query_len == 1  # one row per request: no padding needed
+    decode = md.inputs.is_pure_decode  # one row per request: no padding needed
     if decode and _groups_as_rows(q, key):  # q as [B, Hkv, g, D]: g query rows per KV head
         b, hkv = key.shape[:2]
         out = F.scaled_dot_product_attention(

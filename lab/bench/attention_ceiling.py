@@ -31,7 +31,7 @@ class KVWriteOnlyAttention(TorchAttentionBackend):
 
     def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
         md: TorchAttentionMetadata = metadata
-        if md.inputs.max_query_len != 1:
+        if not md.inputs.is_pure_decode:
             return super().forward(layer_idx, q, k, v, kv_cache, metadata, scale)
         self.write_step_kv(layer_idx, k, v, kv_cache, md)
         return q.new_zeros(q.shape)

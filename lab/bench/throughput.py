@@ -190,6 +190,11 @@ class Mode:
     def __str__(self) -> str:
         return f"{self.engine:<6} OMP_WAIT_POLICY={self.omp:<8} {self.mode}"
 
+    @property
+    def is_lab(self) -> bool:
+        """A lab run (its ceiling mode included), timed by run_lab_process."""
+        return self.engine in ("lab", CEILING)
+
 
 CEILING = "lab-0a"  # the --attention-ceiling modes' engine: lab with decode attention free
 
@@ -255,7 +260,7 @@ def run_rounds(path: Path, prompts, args) -> None:
           f"lab attention={args.attention or 'torch (the config default)'}")
     for k in range(args.repeat):
         for mode in modes:
-            r = (run_lab_process(mode, lab_argv(args)) if mode.engine in ("lab", CEILING) else
+            r = (run_lab_process(mode, lab_argv(args)) if mode.is_lab else
                  run_peer(args.peer_python, path, prompts, args, mode.mode == "compiled",
                           omp_env(mode.omp), repeat=1))
             runs[mode].append(n_out / r["elapsed_s"])
@@ -275,7 +280,7 @@ def summarize(runs: dict, ids: dict, prompts, path: Path, args) -> str:
     if not args.no_hf:
         _, hf_ids = run_hf(path, prompts, args)
         lines.append(f"hf generate token ids vs lab: {match_rate(first, hf_ids)}")
-    peers = [m for m in runs if m.engine not in ("lab", CEILING)]
+    peers = [m for m in runs if not m.is_lab]
     if not peers:
         return "\n".join(lines)
     best_peer = max(peers, key=lambda m: statistics.median(runs[m]))
