@@ -24,6 +24,10 @@ loading a binary made for other instructions. Without a C++ compiler `load()` ra
       [>= num_reqs, max_blocks] int32; seq_lens [>= num_reqs] int32; fp32 or bf16, one dtype.
       The first num_tokens rows of k / v are written to their slots, then query b < num_reqs
       (request b's one token) attends to its seq_lens[b] keys; rows num_reqs.. are zero.
+      Head dim 64 or 128 with a group of 1, 2, 4 or 8 query heads per KV head runs AVX-512
+      intrinsics where the CPU has them (q, accumulators and rows in registers; each block's
+      rows prefetched two blocks ahead, a row at a time); other shapes and CPUs run portable
+      loops (`portable=True` forces them).
 
 `paged_decode_ref` is the same contract in PyTorch (the reference KV write, then each
 request's keys gathered and a softmax in fp32).
@@ -92,10 +96,12 @@ def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
 
 def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                  slots: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                 num_reqs: int, num_tokens: int, scale: float) -> torch.Tensor:
-    """The kernel (module docstring); raises CPUKernelUnavailable when it cannot be built."""
+                 num_reqs: int, num_tokens: int, scale: float, portable: bool = False
+                 ) -> torch.Tensor:
+    """The kernel (module docstring); raises CPUKernelUnavailable when it cannot be built.
+    `portable` runs the plain C++ loops even where an AVX-512 task is compiled in (tests)."""
     return load().paged_decode(q, k, v, kv_cache, slots, block_table, seq_lens, num_reqs,
-                               num_tokens, scale)
+                               num_tokens, scale, portable)
 
 
 def paged_decode_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,

@@ -52,6 +52,33 @@ def test_kernel_equals_reference(dtype, num_reqs, hkv, group, d, bs):
     torch.testing.assert_close(out, want, **tol)
 
 
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("hkv", "group", "d"), [
+    (2, 4, 64), (8, 2, 128), (1, 1, 64), (2, 8, 128), (3, 3, 64),
+])
+def test_vector_shapes_equal_reference_both_paths(portable, dtype, hkv, group, d):
+    """Head dims 64 / 128 with groups 1-8 are the AVX-512 tasks' shapes (group 3: portable
+    even there); `portable=True` runs the plain loops on the same step. Block size 16 with up
+    to 5 blocks: the prefetch two blocks ahead runs past a request's last block into its V."""
+    q, k, v, kv, slots, table, seq_lens = _step(6, hkv, group, d, 16, dtype, seed=d + group)
+    kv_ref = kv.clone()
+    args = (slots, table, seq_lens, 6, q.shape[0], d ** -0.5)
+    out = kernel.paged_decode(q, k, v, kv, *args, portable=portable)
+    want = kernel.paged_decode_ref(q, k, v, kv_ref, *args)
+    assert torch.equal(kv, kv_ref) and not out[6:].any()
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(out, want, **tol)
+
+
+def test_request_without_keys_gives_zeros():
+    q, k, v, kv, slots, table, seq_lens = _step(3, 2, 4, 64, 16, torch.float32)
+    seq_lens[1] = 0
+    slots[1] = -1
+    out = kernel.paged_decode(q, k, v, kv, slots, table, seq_lens, 3, 4, 0.125)
+    assert not out[1].any() and out[0].abs().sum() > 0
+
+
 def test_rows_past_num_tokens_are_not_written():
     q, k, v, kv, slots, table, seq_lens = _step(3, 2, 2, 8, 4, torch.float32)
     before = kv.clone()
