@@ -7,15 +7,9 @@ This kernel reads K and V in place through the block table, once. It is what `at
 2026-12-04-cpu-attention-ceiling.md measured what decode attention costs lab and what a kernel
 could give.
 
-Build: torch's cpp_extension compiles the source at first use (~25 s on 2 cores) with
-`CFLAGS` and caches it (TORCH_EXTENSIONS_DIR). `-fopenmp` is what makes `at::parallel_for` run
-on torch's OpenMP pool (without it the header-only loop runs serially; the extension's libgomp
-is torch's, one runtime per process); `-ffast-math` lets the fp32 reductions and the exp
-vectorize (glibc's libmvec: `-lmvec`); the scores are finite, so its no-NaN/inf assumption
-holds. The extension's name carries a hash of the source, the compiler flags, torch's version
-and this CPU's flags, so a changed source or another machine builds its own copy instead of
-loading a binary made for other instructions. Without a C++ compiler `load()` raises
-`CPUKernelUnavailable` and the backend falls back to the torch path (with one warning).
+Build: `lab.kernels.cpu_ext` (torch's cpp_extension at first use, cached; its docstring has
+the flags and why). Without a C++ compiler `load()` raises `CPUKernelUnavailable` and the
+backend falls back to the torch path (with one warning).
 
     paged_decode(q, k, v, kv_cache, slots, block_table, seq_lens, num_reqs, num_tokens, scale)
       -> out [T, H, D]
@@ -35,57 +29,32 @@ request's keys gathered and a softmax in fp32).
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import platform
-from pathlib import Path
-
 import torch
 
+from lab.kernels.cpu_ext import CPUExtension, CPUKernelUnavailable
 from lab.kernels.kv_cache_write import write_kv_cache_ref
 
-SOURCE = Path(__file__).with_name("cpu_paged_decode.cpp")
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
-LDFLAGS = ["-fopenmp", "-lmvec"]  # OpenMP (torch's libgomp at run time), glibc's vector math
+__all__ = ["CPUKernelUnavailable", "build", "extension_name", "load", "paged_decode",
+           "paged_decode_ref", "supports"]
+
+EXTENSION = CPUExtension("cpu_paged_decode")
 DTYPES = (torch.float32, torch.bfloat16)
-
-
-class CPUKernelUnavailable(RuntimeError):
-    """The C++ kernel could not be built or loaded here (no compiler, no glibc libmvec, ...)."""
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def extension_name() -> str:
     """lab_cpu_paged_decode_<hash of source, flags, torch version and the CPU's flags>."""
-    key = "\n".join([SOURCE.read_text(), *CFLAGS, *LDFLAGS, torch.__version__, _cpu_flags()])
-    return f"lab_cpu_paged_decode_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    return EXTENSION.name()
 
 
-@functools.cache
 def load():
     """The compiled extension, built on first use (then cached on disk and in this process)."""
-    return build()
+    return EXTENSION.load()
 
 
 def build():
     """Build (or load from the disk cache) the extension; CPUKernelUnavailable when it cannot
     be built here."""
-    try:
-        from torch.utils.cpp_extension import load as cpp_load
-
-        return cpp_load(extension_name(), [str(SOURCE)], extra_cflags=CFLAGS,
-                        extra_ldflags=LDFLAGS, verbose=False)
-    except Exception as e:  # no compiler / ninja: OSError, RuntimeError, CalledProcessError
-        raise CPUKernelUnavailable(f"the CPU paged-decode kernel could not be built: {e}") from e
+    return EXTENSION.build()
 
 
 def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:

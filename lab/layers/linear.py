@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lab.distributed.parallel_state import GroupCoordinator
+from lab.kernels import cpu_gemm
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -84,10 +85,14 @@ _MIN_PACK_ELEMENTS = 1 << 18  # 512 x 512: below it the packed call's fixed cost
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 packed: torch.Tensor | None) -> torch.Tensor:
-    """y = x W^T + b, through the prepacked weight when there is one. Under torch.compile
-    (compile=true) always F.linear: inductor packs the weight for oneDNN itself (freezing) and
-    fuses the pointwise op that follows; it cannot take a weight packed outside the graph."""
+                 packed: torch.Tensor | None, amx: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x W^T + b: through the AMX kernel where the weight is packed for it (`amx`, bf16 on
+    a CPU with AMX: lab/kernels/cpu_gemm.py; eager and compiled alike, an opaque op), else
+    through the oneDNN-prepacked weight (`packed`). Under torch.compile the oneDNN case is
+    F.linear: inductor packs the weight for oneDNN itself (freezing) and fuses the pointwise op
+    that follows; it cannot take a weight packed outside the graph."""
+    if amx is not None:
+        return cpu_gemm.gemm(x, amx, weight, bias)
     if packed is not None and not torch.compiler.is_compiling():
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
@@ -110,11 +115,14 @@ class UnquantizedLinearMethod:
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The layer's forward."""
-        return dense_linear(x, layer.weight, layer.bias, getattr(layer, "packed_weight", None))
+        return dense_linear(x, layer.weight, layer.bias, getattr(layer, "packed_weight", None),
+                            getattr(layer, "amx_weight", None))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """On CPU, prepack the weight for oneDNN (see `onednn_pack`)."""
-        layer.packed_weight = onednn_pack(layer.weight)
+        """On CPU, prepack the weight: for the AMX kernel where it takes it (bf16, a CPU with
+        AMX: `cpu_gemm.try_pack`), else for oneDNN (`onednn_pack`)."""
+        layer.amx_weight = cpu_gemm.try_pack(layer.weight)
+        layer.packed_weight = None if layer.amx_weight is not None else onednn_pack(layer.weight)
 
 
 def divide(numerator: int, tp_size: int, what: str) -> int:

@@ -1,0 +1,75 @@
+"""Building lab's C++ CPU kernels (torch's cpp_extension), one place for all of them.
+
+The CPU has no compiled Triton here (only the interpreter), so the few CPU kernels lab has are
+C++ (`lab/kernels/cpu_*.cpp`), each beside its PyTorch reference like every Triton kernel.
+`CPUExtension(stem)` builds `<stem>.cpp` at first use (~20-25 s on 2 cores) and caches it on
+disk (TORCH_EXTENSIONS_DIR) and in the process:
+
+- flags: `-O3 -march=native` (this CPU's instructions: AVX-512, AMX where it has them);
+  `-fopenmp` makes `at::parallel_for` run on torch's OpenMP pool (without it the header-only
+  loop runs serially; the extension's libgomp is torch's, one runtime per process);
+  `-ffast-math` lets fp32 reductions and exp vectorize (glibc's libmvec: `-lmvec`).
+- name: `lab_<stem>_<hash>`, the hash over the source, the flags, torch's version and this
+  CPU's flags, so a changed source or another machine builds its own copy instead of loading a
+  binary made for other instructions.
+- failure: no compiler, no ninja, no libmvec... raise `CPUKernelUnavailable`; the callers fall
+  back to their torch path (saying so once).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import platform
+from pathlib import Path
+
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+LDFLAGS = ["-fopenmp", "-lmvec"]  # OpenMP (torch's libgomp at run time), glibc's vector math
+
+
+class CPUKernelUnavailable(RuntimeError):
+    """A C++ CPU kernel could not be built or loaded here (no compiler, no glibc libmvec, ...)."""
+
+
+def cpu_flags() -> str:
+    """This CPU's feature flags (/proc/cpuinfo), or the processor name where there is none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+class CPUExtension:
+    """The extension built from lab/kernels/<stem>.cpp (module docstring)."""
+
+    def __init__(self, stem: str) -> None:
+        self.stem = stem
+        self.source = Path(__file__).with_name(f"{stem}.cpp")
+
+    def name(self) -> str:
+        """lab_<stem>_<hash of source, flags, torch version and the CPU's flags>."""
+        import torch
+
+        key = "\n".join([self.source.read_text(), *CFLAGS, *LDFLAGS, torch.__version__,
+                         cpu_flags()])
+        return f"lab_{self.stem}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+    @functools.cache  # noqa: B019 - one per module-level instance, never freed
+    def load(self):
+        """The compiled extension, built on first use (then cached on disk and here)."""
+        return self.build()
+
+    def build(self):
+        """Build (or load from the disk cache) the extension; CPUKernelUnavailable when it
+        cannot be built here."""
+        try:
+            from torch.utils.cpp_extension import load as cpp_load
+
+            return cpp_load(self.name(), [str(self.source)], extra_cflags=CFLAGS,
+                            extra_ldflags=LDFLAGS, verbose=False)
+        except Exception as e:  # no compiler / ninja: OSError, RuntimeError, CalledProcessError
+            raise CPUKernelUnavailable(
+                f"the CPU kernel {self.source.name} could not be built: {e}") from e
