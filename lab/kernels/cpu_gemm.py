@@ -27,7 +27,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from lab.kernels.cpu_ext import CPUExtension, CPUKernelUnavailable
+from lab.kernels.cpu_ext import CPUExtension, CPUKernelUnavailable, cpu_flags
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,10 @@ MAX_M = 64  # rows on the tiles; above it the op calls at::linear (MAX_M in the 
 
 @functools.cache
 def available() -> bool:
-    """Whether the kernel is built here with AMX-BF16 and this process may use the tiles."""
+    """Whether the kernel is built here with AMX-BF16 and this process may use the tiles (on a
+    CPU without AMX-BF16 nothing is built)."""
+    if not {"amx_bf16", "amx_tile", "avx512_bf16"} <= set(cpu_flags().split()):
+        return False
     try:
         ext = EXTENSION.load()
     except CPUKernelUnavailable as e:

@@ -97,3 +97,15 @@ def test_traces_as_one_opaque_op_with_a_symbolic_row_count():
     assert len(graphs) == 1
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert "lab_cpu.gemm_bf16" in targets
+
+
+def test_nothing_is_built_on_a_cpu_without_amx(monkeypatch):
+    built = []
+    monkeypatch.setattr(cpu_gemm, "cpu_flags", lambda: "flags : fpu sse2 avx2 avx512f")
+    monkeypatch.setattr(cpu_gemm.EXTENSION, "build", lambda: built.append(1))
+    cpu_gemm.available.cache_clear()
+    try:
+        assert not cpu_gemm.available() and not built
+        assert cpu_gemm.try_pack(torch.zeros(64, 64).bfloat16()) is None
+    finally:
+        cpu_gemm.available.cache_clear()
