@@ -19,11 +19,32 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass
 
-from lab.attention.torch_backend import TorchAttentionBackend
+from lab.attention.base import AttentionInputs
+from lab.attention.torch_backend import TorchAttentionBackend, TorchAttentionMetadata
 from lab.kernels import cpu_paged_decode as kernel
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeMetadata:
+    """A pure-decode step's metadata: the kernel reads `inputs` only, so attention=torch's
+    metadata (masks, gather indices, write targets: ~80 us a step on bench_llama) is built on
+    first use, by a layer the kernel does not take (an MLA layer, an fp8 cache)."""
+
+    inputs: AttentionInputs
+    backend: TorchAttentionBackend
+
+    @functools.cached_property
+    def torch(self) -> TorchAttentionMetadata:
+        return TorchAttentionBackend.build_metadata(self.backend, self.inputs)
+
+
+def torch_metadata(metadata) -> TorchAttentionMetadata:
+    """attention=torch's metadata of a step, built now if it was deferred."""
+    return metadata.torch if isinstance(metadata, DecodeMetadata) else metadata
 
 
 class CPUAttentionBackend(TorchAttentionBackend):
@@ -31,12 +52,21 @@ class CPUAttentionBackend(TorchAttentionBackend):
 
     name = "cpu"
 
+    def build_metadata(self, inputs: AttentionInputs):
+        if inputs.is_pure_decode:
+            return DecodeMetadata(inputs, self)
+        return super().build_metadata(inputs)
+
     def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
-        a = metadata.inputs
-        if not (a.is_pure_decode and kernel.supports(q, kv_cache) and self.kernel_ok):
-            return super().forward(layer_idx, q, k, v, kv_cache, metadata, scale)
-        return kernel.paged_decode(q, k, v, kv_cache, a.slot_mapping, a.block_table, a.seq_lens,
-                                   a.num_reqs, a.num_actual_tokens, scale)
+        if isinstance(metadata, DecodeMetadata) and kernel.supports(q, kv_cache) and self.kernel_ok:
+            a = metadata.inputs
+            return kernel.paged_decode(q, k, v, kv_cache, a.slot_mapping, a.block_table,
+                                       a.seq_lens, a.num_reqs, a.num_actual_tokens, scale)
+        return super().forward(layer_idx, q, k, v, kv_cache, torch_metadata(metadata), scale)
+
+    def forward_mla(self, layer_idx, q_nope, q_pe, kv_c, k_pe, kv_cache, metadata, mla, scale):
+        return super().forward_mla(layer_idx, q_nope, q_pe, kv_c, k_pe, kv_cache,
+                                   torch_metadata(metadata), mla, scale)
 
     @functools.cached_property
     def kernel_ok(self) -> bool:

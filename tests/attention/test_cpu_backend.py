@@ -83,3 +83,27 @@ def test_an_engine_with_it_generates_the_torch_backends_tokens(has_kernel, padde
     runner = llm.engine.executor.worker.runner
     assert runner.attn_backend.kernel_ok is has_kernel
     assert ids["cpu"] == ids["torch"]
+
+
+def test_decode_metadata_is_deferred_until_a_layer_needs_it(has_kernel):
+    """A pure-decode step builds no attention=torch metadata unless a layer the kernel does not
+    take asks for it (here fp16, which the kernel does not take): then it equals the torch
+    backend's."""
+    backend = CPUAttentionBackend()
+    inputs, q, k, v, cache = _step([5, 9, 2], [1, 1, 1])
+    md = backend.build_metadata(inputs)
+    backend.forward(0, q, k, v, cache.clone(), md, D ** -0.5)
+    assert ("torch" in vars(md)) is not has_kernel
+    step16 = _step([5, 9, 2], [1, 1, 1], torch.float16)
+    (out, cache16), (want, want_cache) = _run(backend, step16), _run(TorchAttentionBackend(),
+                                                                      step16)
+    assert torch.equal(out, want) and torch.equal(cache16, want_cache)
+
+
+def test_an_mla_model_runs_the_torch_path_with_it():
+    prompts = [[3, 4, 5, 6, 7], [8, 9]]
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    ids = {attention: [o.outputs[0].token_ids for o in LLM(
+        "tiny_deepseek", attention=attention).generate(prompts, sp)]
+        for attention in ("torch", "cpu")}
+    assert ids["cpu"] == ids["torch"]
