@@ -2,7 +2,7 @@
 
 The CPU has no compiled Triton here (only the interpreter), so the few CPU kernels lab has are
 C++ (`lab/kernels/cpu_*.cpp`), each beside its PyTorch reference like every Triton kernel.
-`CPUExtension(stem)` builds `<stem>.cpp` at first use (~20-25 s on 2 cores) and caches it on
+`CPUExtension(stem)` builds `<stem>.cpp` at first use (~15 s on 2 cores) and caches it on
 disk (TORCH_EXTENSIONS_DIR) and in the process:
 
 - flags: `-O3 -march=native` (this CPU's instructions: AVX-512, AMX where it has them);

@@ -26,7 +26,9 @@
 // kernel's permission for tile data (arch_prctl, asked once); elsewhere amx_ready() is false
 // and the Python side never packs.
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (~7 s more to build)
+#include <torch/library.h>
 
 #include <ATen/Parallel.h>
 
@@ -48,7 +50,7 @@ constexpr int64_t GROUP = 4;   // tiles per group: C tiles 0..3
 constexpr int64_t TILE = TK * TN;  // elements per packed tile (1 KiB)
 constexpr int64_t MAX_M = 64;  // rows above which at::linear is faster (lab/bench/cpu_gemm.py)
 
-void check_weight(const torch::Tensor& w) {
+void check_weight(const at::Tensor& w) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16 && w.device().is_cpu(),
               "weight must be a 2-D bf16 CPU tensor [N, K]");
   TORCH_CHECK(w.size(0) % TN == 0 && w.size(1) % TK == 0, "weight [N, K] needs N % 16 == 0 and "
@@ -159,11 +161,11 @@ bool amx_ready() {
 }
 
 // W [N, K] -> the packed layout above, flat [N * K]
-torch::Tensor pack(torch::Tensor weight) {
+at::Tensor pack(at::Tensor weight) {
   check_weight(weight);
   const int64_t N = weight.size(0), K = weight.size(1), KB = K / TK, tiles = N / TN;
   const auto w = weight.contiguous();
-  auto out = torch::empty({N * K}, w.options());
+  auto out = at::empty({N * K}, w.options());
   const at::BFloat16* src = w.data_ptr<at::BFloat16>();
   at::BFloat16* dst = out.data_ptr<at::BFloat16>();
   at::parallel_for(0, (tiles + GROUP - 1) / GROUP, 1, [&](int64_t begin, int64_t end) {
@@ -184,8 +186,8 @@ torch::Tensor pack(torch::Tensor weight) {
 
 // y = x W^T (+ bias): x [M, K] bf16 (rows contiguous), packed = pack(W), W the dense weight
 // (used above MAX_M rows), bias [N] or None
-torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor weight,
-                   std::optional<torch::Tensor> bias) {
+at::Tensor gemm(at::Tensor x, at::Tensor packed, at::Tensor weight,
+                   std::optional<at::Tensor> bias) {
   check_weight(weight);
   const int64_t N = weight.size(0), K = weight.size(1);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kBFloat16,
@@ -198,9 +200,9 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor weight,
   const int64_t M = x.size(0);
   if (M > MAX_M) return at::linear(x, weight, bias);
   const auto xc = x.stride(1) == 1 ? x : x.contiguous();
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
-  const auto b = bias ? std::optional<torch::Tensor>(bias->to(at::kFloat).contiguous())
+  const auto b = bias ? std::optional<at::Tensor>(bias->to(at::kFloat).contiguous())
                       : std::nullopt;
   amx_gemm(xc.data_ptr<at::BFloat16>(), xc.stride(0), M, K, packed.data_ptr<at::BFloat16>(), N,
            b ? b->data_ptr<float>() : nullptr, y.data_ptr<at::BFloat16>());

@@ -23,7 +23,8 @@
 // whose `omp simd` reductions and exp vectorize under the flags cpu_paged_decode.py builds with
 // (-O3 -march=native -fopenmp -ffast-math); `portable` forces those (the tests run both).
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (~7 s more to build)
 
 #include <ATen/Parallel.h>
 
@@ -254,16 +255,16 @@ void decode(const T* q, const T* kv, const int32_t* table, const int32_t* seq_le
 }
 
 // a token's heads must be contiguous: [T, heads, D] with strides (any, D, 1)
-void check_rows(const torch::Tensor& x, const char* name) {
+void check_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && x.stride(1) == x.size(2), name,
               " must be [T, heads, D] with each token's heads contiguous");
 }
 
 }  // namespace
 
-torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                           torch::Tensor kv_cache, torch::Tensor slots, torch::Tensor block_table,
-                           torch::Tensor seq_lens, int64_t num_reqs, int64_t num_tokens,
+at::Tensor paged_decode(at::Tensor q, at::Tensor k, at::Tensor v,
+                           at::Tensor kv_cache, at::Tensor slots, at::Tensor block_table,
+                           at::Tensor seq_lens, int64_t num_reqs, int64_t num_tokens,
                            double scale, bool portable) {
   check_rows(q, "q");
   check_rows(k, "k");
@@ -283,7 +284,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v,
               q.size(0) >= num_reqs && num_tokens <= k.size(0) && num_tokens <= slots.size(0) &&
               block_table.size(0) >= num_reqs && seq_lens.size(0) >= num_reqs,
               "paged_decode: shapes do not match");
-  auto out = torch::empty({q.size(0), sh.H, sh.D}, q.options());
+  auto out = at::empty({q.size(0), sh.H, sh.D}, q.options());
   AT_DISPATCH_SWITCH(dtype, "paged_decode",
     AT_DISPATCH_CASE(at::kFloat, [&] {
       write_rows(k.data_ptr<float>(), v.data_ptr<float>(), k.stride(0), v.stride(0),
