@@ -23,8 +23,8 @@ import hashlib
 import platform
 from pathlib import Path
 
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
-LDFLAGS = ["-fopenmp", "-lmvec"]  # OpenMP (torch's libgomp at run time), glibc's vector math
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math")
+LDFLAGS = ("-fopenmp", "-lmvec")  # OpenMP (torch's libgomp at run time), glibc's vector math
 
 
 class CPUKernelUnavailable(RuntimeError):
@@ -68,8 +68,10 @@ class CPUExtension:
         try:
             from torch.utils.cpp_extension import load as cpp_load
 
-            return cpp_load(self.name(), [str(self.source)], extra_cflags=CFLAGS,
-                            extra_ldflags=LDFLAGS, verbose=False)
+            # copies: cpp_extension appends torch's libraries to the lists it is given, which
+            # changed the next extension's name (and so built a second copy of it)
+            return cpp_load(self.name(), [str(self.source)], extra_cflags=list(CFLAGS),
+                            extra_ldflags=list(LDFLAGS), verbose=False)
         except Exception as e:  # no compiler / ninja: OSError, RuntimeError, CalledProcessError
             raise CPUKernelUnavailable(
                 f"the CPU kernel {self.source.name} could not be built: {e}") from e
