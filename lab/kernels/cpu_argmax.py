@@ -14,27 +14,16 @@ where it cannot be built, `available()` is False.
 
 from __future__ import annotations
 
-import functools
-import logging
-
 import torch
 
-from lab.kernels.cpu_ext import CPUExtension, CPUKernelUnavailable
-
-log = logging.getLogger(__name__)
+from lab.kernels.cpu_ext import CPUExtension
 
 EXTENSION = CPUExtension("cpu_argmax")
 
 
-@functools.cache
 def available() -> bool:
     """Whether the kernel is built here (tried once per process)."""
-    try:
-        EXTENSION.load()
-        return True
-    except CPUKernelUnavailable as e:
-        log.info("the sampler's argmax stays on ATen: %s", e)
-        return False
+    return EXTENSION.available()
 
 
 def supports(x: torch.Tensor) -> bool:

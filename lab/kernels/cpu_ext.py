@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import platform
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math")
 LDFLAGS = ("-fopenmp", "-lmvec")  # OpenMP (torch's libgomp at run time), glibc's vector math
@@ -61,6 +64,16 @@ class CPUExtension:
     def load(self):
         """The compiled extension, built on first use (then cached on disk and here)."""
         return self.build()
+
+    @functools.cache  # noqa: B019
+    def available(self) -> bool:
+        """Whether it is built (or can be, now) here; the reason it cannot is logged once."""
+        try:
+            self.load()
+            return True
+        except CPUKernelUnavailable as e:
+            log.info("%s; its torch path runs instead", e)
+            return False
 
     def build(self):
         """Build (or load from the disk cache) the extension; CPUKernelUnavailable when it

@@ -109,20 +109,23 @@ void group_product(const at::BFloat16* x, int64_t ldx, const at::BFloat16* w, in
   if (NT > 3) _tile_stored(3, c + 3 * TN, ldc);
 }
 
-// rows of c (+ bias) rounded to bf16 into y
-void store_rows(const float* c, int m, int64_t cols, const float* bias, at::BFloat16* y,
+// rows of c (+ bias, bf16 widened to fp32) rounded to bf16 into y
+void store_rows(const float* c, int m, int64_t cols, const at::BFloat16* bias, at::BFloat16* y,
                 int64_t ldy) {
   for (int r = 0; r < m; ++r)
     for (int64_t i = 0; i < cols; i += 16) {
       __m512 v = _mm512_loadu_ps(c + r * GROUP * TN + i);
-      if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + i));
+      if (bias) {
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bias + i));
+        v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+      }
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * ldy + i),
                           (__m256i)_mm512_cvtneps_pbh(v));
     }
 }
 
 void amx_gemm(const at::BFloat16* x, int64_t ldx, int64_t M, int64_t K, const at::BFloat16* w,
-              int64_t N, const float* bias, at::BFloat16* y) {
+              int64_t N, const at::BFloat16* bias, at::BFloat16* y) {
   const int64_t KB = K / TK, tiles = N / TN, groups = (tiles + GROUP - 1) / GROUP;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float c[TN * GROUP * TN];
@@ -194,7 +197,8 @@ at::Tensor gemm(at::Tensor x, at::Tensor packed, at::Tensor weight,
               "x must be bf16 [M, ", K, "] (the weight's K)");
   TORCH_CHECK(packed.numel() == N * K && packed.scalar_type() == at::kBFloat16,
               "packed must be pack(weight)");
-  TORCH_CHECK(!bias || (bias->numel() == N && bias->dim() == 1), "bias must be [N]");
+  TORCH_CHECK(!bias || (bias->numel() == N && bias->dim() == 1 && bias->is_contiguous() &&
+                        bias->scalar_type() == at::kBFloat16), "bias must be bf16 [N]");
 #ifdef LAB_AMX
   TORCH_CHECK(amx_ready(), "this process may not use AMX tiles (arch_prctl refused)");
   const int64_t M = x.size(0);
@@ -202,10 +206,8 @@ at::Tensor gemm(at::Tensor x, at::Tensor packed, at::Tensor weight,
   const auto xc = x.stride(1) == 1 ? x : x.contiguous();
   auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
-  const auto b = bias ? std::optional<at::Tensor>(bias->to(at::kFloat).contiguous())
-                      : std::nullopt;
   amx_gemm(xc.data_ptr<at::BFloat16>(), xc.stride(0), M, K, packed.data_ptr<at::BFloat16>(), N,
-           b ? b->data_ptr<float>() : nullptr, y.data_ptr<at::BFloat16>());
+           bias ? bias->data_ptr<at::BFloat16>() : nullptr, y.data_ptr<at::BFloat16>());
   return y;
 #else
   TORCH_CHECK(false, "cpu_gemm was built without AMX-BF16 (this CPU or compiler lacks it)");

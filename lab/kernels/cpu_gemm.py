@@ -22,18 +22,13 @@ their oneDNN path.
 from __future__ import annotations
 
 import functools
-import logging
 
 import torch
 import torch.nn.functional as F
 
-from lab.kernels.cpu_ext import CPUExtension, CPUKernelUnavailable, cpu_flags
-
-log = logging.getLogger(__name__)
+from lab.kernels.cpu_ext import CPUExtension, cpu_flags
 
 EXTENSION = CPUExtension("cpu_gemm")
-MAX_M = 64  # rows on the tiles; above it the op calls at::linear (MAX_M in the .cpp)
-
 
 @functools.cache
 def available() -> bool:
@@ -41,12 +36,7 @@ def available() -> bool:
     CPU without AMX-BF16 nothing is built)."""
     if not {"amx_bf16", "amx_tile", "avx512_bf16"} <= set(cpu_flags().split()):
         return False
-    try:
-        ext = EXTENSION.load()
-    except CPUKernelUnavailable as e:
-        log.info("bf16 linears on the CPU stay on oneDNN: %s", e)
-        return False
-    if not ext.amx_ready():
+    if not EXTENSION.available() or not EXTENSION.load().amx_ready():
         return False
     _register_fake()
     return True
