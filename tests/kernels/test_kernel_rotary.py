@@ -65,6 +65,27 @@ def test_neox_matches_the_hf_rotate_half_formula():
     torch.testing.assert_close(q_out, q * c + rot_half * s, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_reference_rounds_as_hf_does(is_neox, dtype):
+    """The reference computes each half (pair element) from its own slice, so compile=true's
+    kernel reads cos/sin as vectors; every product and sum is still HF's, rounded the same:
+    equal bit for bit to x * cat(cos, cos) + rotate_half(x) * cat(sin, sin) (neox) and to
+    gpt-j's rotate_every_two with repeat_interleave'd tables, partial rotary included."""
+    cos, sin = _tables(48)
+    pos, q, k = _qk(7, 4, 2, 64, dtype, 5)
+    c, s = cos[pos].to(dtype), sin[pos].to(dtype)
+    x_rot, x_pass = q[..., :48], q[..., 48:]
+    if is_neox:
+        rotated = torch.cat((-x_rot[..., 24:], x_rot[..., :24]), -1)
+        c, s = torch.cat((c, c), -1), torch.cat((s, s), -1)
+    else:
+        rotated = torch.stack((-x_rot[..., 1::2], x_rot[..., 0::2]), -1).flatten(-2)
+        c, s = c.repeat_interleave(2, -1), s.repeat_interleave(2, -1)
+    want = torch.cat((x_rot * c[:, None] + rotated * s[:, None], x_pass), -1)
+    assert torch.equal(rotary_embedding_ref(pos, q, k, cos, sin, is_neox)[0], want)
+
+
 def test_rotary_rejects_bad_tables():
     cos, sin = _tables(64)
     pos, q, k = _qk(2, 2, 1, 32, torch.float32, 0)
