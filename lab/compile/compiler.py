@@ -65,12 +65,19 @@ class CompileOptions:
     backend: str = "inductor"
     inductor: dict[str, Any] = field(default_factory=lambda: dict(COMMON_INDUCTOR_OPTIONS))
     size_hint: int | None = None
+    # steps of at least `large_steps_from` tokens run a second graph, compiled with
+    # `large_size_hint` (None: one graph for every step)
+    large_steps_from: int | None = None
+    large_size_hint: int | None = None
 
     @classmethod
-    def for_device(cls, device: torch.device | str, **kwargs: Any) -> CompileOptions:
-        """The options for a model on `device` (CPU: with freezing, on a torch whose oneDNN
-        weight packing takes the unbacked token count: 2.13, not 2.11, where freezing stays off
-        and the linears run as MKL GEMMs)."""
+    def for_device(cls, device: torch.device | str, max_num_batched_tokens: int | None = None,
+                   **kwargs: Any) -> CompileOptions:
+        """The options for a model on `device`. CPU: with freezing, on a torch whose oneDNN
+        weight packing takes the unbacked token count (2.13, not 2.11, where freezing stays off
+        and the linears run as MKL GEMMs); and where the step's token budget
+        (`max_num_batched_tokens`) exceeds LARGE_STEP_TOKENS, a second graph for the steps
+        above it (`large_steps_from`), compiled with the budget as its size hint."""
         cpu = torch.device(device).type == "cpu"
         inductor = dict(CPU_INDUCTOR_OPTIONS if cpu else COMMON_INDUCTOR_OPTIONS)
         if cpu and not freezing_takes_unbacked_sizes():
@@ -78,7 +85,20 @@ class CompileOptions:
                         "oneDNN weight packing fails on the symbolic token count before 2.13)",
                         torch.__version__)
             inductor["freezing"] = False
+        if cpu and max_num_batched_tokens is not None and max_num_batched_tokens > LARGE_STEP_TOKENS:
+            kwargs.setdefault("large_steps_from", LARGE_STEP_TOKENS)
+            kwargs.setdefault("large_size_hint", max_num_batched_tokens)
         return cls(inductor=inductor, **kwargs)
+
+
+# CPU: inductor decides each fused kernel's threading once, at compile time, from the size hint
+# (cpp.min_chunk_size above). A decode-sized hint keeps every elementwise kernel on one thread,
+# as decode steps want (an OpenMP region per small kernel costs a thread wake-up each: bench_llama
+# fp32 with OMP_WAIT_POLICY=PASSIVE, 1.41-1.57 -> 1.77 s a run with one budget-sized graph), but
+# then a prefill's norms, rotary and SiLU over thousands of rows run on one thread too
+# (bench_qwen3_06b bf16: 2048-token prefill 656-696 ms, 559-589 ms with the budget as the hint).
+# So steps of at least this many tokens run a second graph with the budget as its hint.
+LARGE_STEP_TOKENS = 256
 
 
 def install_opaque_attention(model: nn.Module, backend: AttentionBackend) -> dict[int, nn.Module]:
@@ -164,10 +184,23 @@ def own_code_copy(method, tag: str):
     return types.MethodType(copy, method.__self__)
 
 
+@dataclass
+class Graph:
+    """One compiled graph of a CompiledForward: the steps of at least `min_tokens` tokens (up
+    to the next graph's) run it; `size_hint` is its first call's hint (None: that call's size)."""
+
+    min_tokens: int
+    size_hint: int | None
+    fn: Any  # torch.compile's wrapper: compiles on its first call
+    compiled: bool = False
+
+
 class CompiledForward:
     """The compiled model's forward, with the eager forward's signature
-    `(input_ids, positions, kv_caches, attn_metadata) -> hidden`. `num_compiles` counts the
-    graphs it compiled (1 once it has run: no step recompiles)."""
+    `(input_ids, positions, kv_caches, attn_metadata) -> hidden`. One graph serves every step,
+    or two where the options split the steps by size (`large_steps_from`: each graph is
+    compiled, with its own size hint, on the first step of its sizes). `num_compiles` counts
+    the graphs compiled (`num_graphs` once every graph has run: no step recompiles)."""
 
     def __init__(self, model: nn.Module, backend: AttentionBackend, options: CompileOptions):
         check_torch()
@@ -178,10 +211,21 @@ class CompiledForward:
         prepare_layer_ops(model.ops)
         self.layer_slots = [None] * model.num_layers  # caches reach the ops through the context
         self.num_compiles = 0
+        self.graphs = [Graph(1, options.size_hint, self._compiled(0))]
+        if options.large_steps_from is not None:
+            self.graphs.append(Graph(options.large_steps_from, options.large_size_hint,
+                                     self._compiled(1)))
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self.graphs)
+
+    def _compiled(self, index: int):
+        """A torch.compile of the traced forward whose compiled entries are its own."""
         isolate = can_isolate_recompiles()
-        self.compiled = torch.compile(
-            self._graph if isolate else own_code_copy(self._graph, f"_graph_{id(self):x}"),
-            fullgraph=True, dynamic=False, backend=self._compile_graph,
+        fn = self._graph if isolate else own_code_copy(self._graph, f"_graph_{id(self):x}_{index}")
+        return torch.compile(
+            fn, fullgraph=True, dynamic=False, backend=self._compile_graph,
             options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
             **({"isolate_recompiles": True} if isolate else {}))
 
@@ -198,34 +242,43 @@ class CompiledForward:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
                  kv_caches, attn_metadata) -> torch.Tensor:
+        large = input_ids.shape[0] >= self.graphs[-1].min_tokens
+        graph = self.graphs[-1] if large else self.graphs[0]
         with step_context(StepContext(self.backend, attn_metadata, kv_caches, self.mla_layers)):
-            if self.num_compiles:
-                return self.compiled(input_ids, positions)
-            return self._first_call(input_ids, positions)
+            if graph.compiled:
+                return graph.fn(input_ids, positions)
+            out = self._first_call(graph.fn, graph.size_hint, input_ids, positions)
+            graph.compiled = True
+            return out
 
-    def _first_call(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Compile: T symbolic (one shared unbacked size), inductor's config patched while
-        dynamo traces (it reads `freezing` there to make the parameters constants)."""
-        hint = self.options.size_hint or input_ids.shape[0]
+    def _first_call(self, compiled, size_hint: int | None, input_ids: torch.Tensor,
+                    positions: torch.Tensor) -> torch.Tensor:
+        """Compile: T symbolic (one shared unbacked size) with `size_hint` as inductor's hint
+        (None: this call's size), inductor's config patched while dynamo traces (it reads
+        `freezing` there to make the parameters constants)."""
+        hint = size_hint or input_ids.shape[0]
         for t in (input_ids, positions):
             torch._dynamo.decorators.mark_unbacked(t, 0, hint_override=hint, shape_id="tokens")
         with torch._inductor.config.patch(self.options.inductor):
-            return self.compiled(input_ids, positions)
+            return compiled(input_ids, positions)
 
 
 DEFAULT_WARMUP_TOKENS = 16  # a decode batch: inductor packs the GEMM weights for this size
 
 
-def warmup_sizes(sizes: Sequence[int] | None, max_num_seqs: int,
-                 max_num_batched_tokens: int) -> tuple[int, ...]:
-    """The token counts of the start-up warm-up steps (`compile_sizes`): the first compiles the
-    graph (and is its size hint), the others run it once; None: one step of a decode-sized
+def warmup_sizes(sizes: Sequence[int] | None, max_num_seqs: int, max_num_batched_tokens: int,
+                 graph_starts: Sequence[int] = (1,)) -> tuple[int, ...]:
+    """The token counts of the start-up warm-up steps (`compile_sizes`): the first step of each
+    graph's sizes compiles it (`graph_starts`: the fewest tokens each graph of
+    CompiledForward.graphs takes), the others run it once; None: one step of a decode-sized
     batch, min(16, max_num_seqs, max_num_batched_tokens). Sizes above max_num_batched_tokens
-    (no step is larger) are dropped."""
-    if sizes is None:
-        return (min(DEFAULT_WARMUP_TOKENS, max_num_seqs, max_num_batched_tokens),)
-    kept = tuple(int(s) for s in sizes if 1 <= int(s) <= max_num_batched_tokens)
-    return kept or (min(DEFAULT_WARMUP_TOKENS, max_num_seqs, max_num_batched_tokens),)
+    (no step is larger) are dropped; a graph no size reaches gets a step of its first size."""
+    kept = tuple(int(s) for s in sizes or () if 1 <= int(s) <= max_num_batched_tokens)
+    kept = kept or (min(DEFAULT_WARMUP_TOKENS, max_num_seqs, max_num_batched_tokens),)
+    ends = [*graph_starts[1:], max_num_batched_tokens + 1]
+    missing = tuple(lo for lo, hi in zip(graph_starts, ends)
+                    if lo <= max_num_batched_tokens and not any(lo <= s < hi for s in kept))
+    return kept + missing
 
 
 def compile_model(model: nn.Module, backend: AttentionBackend,

@@ -152,7 +152,7 @@ class Worker:
         self.weight_bytes = 0
         self._load(config.model_path, config.dtype, config.kernels)
         self.compiled = compile_model(self.model, self.attn_backend, CompileOptions.for_device(
-            self.device)) if config.compile else None  # compiles on its first step
+            self.device, config.max_num_batched_tokens)) if config.compile else None
         self.runner: ModelRunner | None = None
 
     def _join_group(self, init_method: str | None) -> ParallelState:
@@ -285,7 +285,7 @@ class Worker:
         for the compile (the first one compiles the graph every later step reuses)."""
         start = time.perf_counter()
         sizes = warmup_sizes(self.config.compile_sizes, self.max_num_seqs,
-                             self.max_num_batched_tokens)
+                             self.max_num_batched_tokens, [g.min_tokens for g in self.compiled.graphs])
         for num_tokens in sizes:
             self._dummy_forward(num_tokens)
         log.info("compile=true: compiled and warmed up (%s tokens) in %.1f s",

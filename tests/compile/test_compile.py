@@ -53,14 +53,22 @@ def step_sizes(llm: LLM) -> set[int]:
 
 
 def test_compile_true_matches_eager_and_hf_and_compiles_once():
-    eager = generate(LLM("tiny_llama", **BASE))
+    """Both CPU graphs (steps below LARGE_STEP_TOKENS, and above: a 300-token prompt) give the
+    eager engine's and transformers' ids; both compile at start-up, none later."""
+    eager_llm = LLM("tiny_llama", **BASE)
+    eager = generate(eager_llm)
     llm = LLM("tiny_llama", compile=True, **BASE)
     compiled = llm.engine.executor.worker.compiled
-    assert compiled.num_compiles == 1  # at start-up, by the warm-up step
+    assert compiled.num_compiles == compiled.num_graphs == 2  # at start-up, by the warm-up
     ids = generate(llm)
     assert ids == eager == hf_greedy("tiny_llama")
     assert {38, 4, 3, 2, 1} <= step_sizes(llm)  # the steps above ran ...
-    assert compiled.num_compiles == 1  # ... on the one graph
+    long = [torch.randint(3, 500, (300,), generator=torch.Generator().manual_seed(4)).tolist()]
+    sp = SamplingParams(temperature=0, max_tokens=4)
+    out = llm.generate(long, sp)[0].outputs[0].token_ids
+    assert 300 in step_sizes(llm)
+    assert out == eager_llm.generate(long, sp)[0].outputs[0].token_ids
+    assert compiled.num_compiles == 2  # ... on the two graphs
 
 
 @pytest.mark.parametrize(("model_name", "attention"), [
@@ -74,6 +82,35 @@ def test_traced_forward_matches_eager_and_hf(model_name, attention):
     compiled = compile_model(worker.model, worker.attn_backend, CompileOptions(backend="aot_eager"))
     assert generate(llm) == eager == hf_greedy(model_name)
     assert compiled.num_compiles == 1
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_steps_above_the_split_run_the_second_graph(monkeypatch, isolate):
+    """CompileOptions.large_steps_from: the prefill (14 tokens: the eager run left the prompts'
+    full blocks in the prefix cache) runs the second graph, the decode batches the first; each compiles once, on its first step, with its own size hint,
+    and the ids stay the eager engine's (aot_eager, no codegen), with and without
+    isolate_recompiles."""
+    from lab.compile import compiler
+
+    if isolate and not compiler.can_isolate_recompiles():
+        pytest.skip(f"torch {torch.__version__} has no isolate_recompiles")
+    monkeypatch.setattr(compiler, "can_isolate_recompiles", lambda: isolate)
+    llm = LLM("tiny_llama", **BASE)
+    eager = generate(llm)
+    worker = llm.engine.executor.worker
+    hints, mark = [], torch._dynamo.decorators.mark_unbacked
+
+    def record(t, dim, hint_override, shape_id):
+        hints.append(hint_override)
+        mark(t, dim, hint_override=hint_override, shape_id=shape_id)
+
+    monkeypatch.setattr(torch._dynamo.decorators, "mark_unbacked", record)
+    compiled = compile_model(worker.model, worker.attn_backend, CompileOptions(
+        backend="aot_eager", large_steps_from=10, large_size_hint=512))
+    assert generate(llm) == eager
+    assert compiled.num_graphs == compiled.num_compiles == 2
+    assert hints == [512, 512, 4, 4]  # the prefill on the large graph, then the first decode
+    assert [g.compiled for g in compiled.graphs] == [True, True]
 
 
 @pytest.mark.parametrize("isolate", [True, False])

@@ -108,6 +108,26 @@ def test_warmup_sizes_default_to_one_decode_sized_step_within_the_budgets():
     assert warmup_sizes([32, 1, 4096], 256, 2048) == (32, 1)  # above the token budget: dropped
 
 
+def test_warmup_sizes_reach_every_graph():
+    """With a second graph for steps of >= 256 tokens, a step of 256 compiles it unless a
+    compile size already falls in its range (or the budget keeps every step below it)."""
+    assert warmup_sizes(None, 256, 2048, (1, 256)) == (16, 256)
+    assert warmup_sizes([16, 512], 256, 2048, (1, 256)) == (16, 512)
+    assert warmup_sizes([512], 256, 2048, (1, 256)) == (512, 1)
+    assert warmup_sizes(None, 256, 200, (1, 256)) == (16,)
+
+
+def test_cpu_options_split_steps_at_the_large_step_size_with_the_budget_as_its_hint():
+    from lab.compile.compiler import LARGE_STEP_TOKENS, CompileOptions
+
+    cpu = CompileOptions.for_device("cpu", 8192)
+    assert (cpu.size_hint, cpu.large_steps_from, cpu.large_size_hint) == (
+        None, LARGE_STEP_TOKENS, 8192)
+    assert CompileOptions.for_device("cpu", LARGE_STEP_TOKENS).large_steps_from is None
+    assert CompileOptions.for_device("cpu").large_steps_from is None
+    assert CompileOptions.for_device("cuda", 8192).large_steps_from is None
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["compile=maybe"], "^compile='maybe' is invalid: must be true or false"),
     (["compile_sizes=[0]"], "^compile_sizes=\\[0\\] is invalid: must be null"),
