@@ -162,13 +162,13 @@ def _attend(md: TorchAttentionMetadata, q: torch.Tensor, key: torch.Tensor, val:
             q[:n].view(b, hkv, -1, q.shape[-1]), key, val, attn_mask=md.attn_bias(q.dtype),
             scale=scale,
         ).reshape(n, q.shape[1], val.shape[-1])
-        return _with_padding_rows(out, q.shape[0])
+        return with_padding_rows(out, q.shape[0])
     q_pad = q[:n].unsqueeze(1) if decode else _pad_queries(q[:n], md)
     out = F.scaled_dot_product_attention(
         q_pad.transpose(1, 2), key, val, attn_mask=md.mask, scale=scale,
         enable_gqa=q.shape[1] != key.shape[1],
     ).transpose(1, 2)  # [B, Q, H, Dv]
-    return _with_padding_rows(out[:, 0] if decode else out[md.token_req, md.token_row],
+    return with_padding_rows(out[:, 0] if decode else out[md.token_req, md.token_row],
                               q.shape[0])
 
 
@@ -182,7 +182,7 @@ def _groups_as_rows(q: torch.Tensor, key: torch.Tensor) -> bool:
     return g > 1 and (q.dtype == torch.float32 or g >= 4)
 
 
-def _with_padding_rows(out: torch.Tensor, num_tokens: int) -> torch.Tensor:
+def with_padding_rows(out: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """The real tokens' outputs [n, H, Dv] followed by zero rows up to `num_tokens` (the
     step's padding tokens); `out` itself when there are none."""
     if out.shape[0] == num_tokens:

@@ -47,12 +47,31 @@ def test_decode_equals_the_torch_backend(has_kernel, dtype):
     torch.testing.assert_close(out, want, **tol)
 
 
-def test_prefill_and_mixed_steps_are_the_torch_backends():
-    for computed, qlens in (([0, 0], [6, 3]), ([4, 0], [1, 5])):
+def test_mixed_steps_and_prefills_after_a_cache_hit_are_the_torch_backends():
+    for computed, qlens in (([4, 0], [1, 5]), ([8, 3], [4, 2])):
         step = _step(computed, qlens)
         (out, cache), (want, want_cache) = _run(CPUAttentionBackend(), step), _run(
             TorchAttentionBackend(), step)
         assert torch.equal(out, want) and torch.equal(cache, want_cache)
+
+
+@pytest.mark.parametrize("qlens", [[6, 3, 9], [5, 5], [7]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fresh_prefills_attend_over_their_own_rows_as_the_torch_backend(qlens, dtype):
+    """Nothing cached before the step (one length: one batched call; lengths differ: one call
+    per request): the same cache and, to rounding, the same output as attention=torch's
+    padded, masked SDPA over the gathered cache; no torch metadata is built."""
+    step = _step([0] * len(qlens), qlens, dtype)
+    backend = CPUAttentionBackend()
+    inputs, q, k, v, cache = step
+    md = backend.build_metadata(inputs)
+    cache = cache.clone()
+    out = backend.forward(0, q, k, v, cache, md, D ** -0.5)
+    assert "torch" not in vars(md)
+    want, want_cache = _run(TorchAttentionBackend(), step)
+    assert torch.equal(cache, want_cache)
+    tol = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(out, want, **tol)
 
 
 def test_without_the_kernel_it_warns_once_and_runs_the_torch_path(monkeypatch, caplog):
