@@ -1,11 +1,13 @@
 """compile=true (lab/compile): the forward through torch.compile gives the eager engine's and
-transformers' greedy ids, compiles once at start-up, and never again whatever a step's token
-count (prefill, mixed, decode batches shrinking to one request).
+transformers' greedy ids, compiles at start-up (one graph, or on the CPU two split by step
+size), and never again whatever a step's token count (prefill, mixed, decode batches shrinking
+to one request).
 
-One test pays for inductor (tiny_llama, ~20 CPU-s on a cold cache: most of it g++ building the
-generated kernels); the other models and the Triton attention backend are traced through
-dynamo and AOT autograd without code generation (backend `aot_eager`, ~2 CPU-s each), which is
-where a model-specific break shows (a graph break, a data-dependent op outside the opaque ops).
+One test pays for inductor (tiny_llama, both CPU graphs: 18.8 s in a fresh clone's run with a
+cold cache, most of it g++ building the generated kernels); the other models and the Triton
+attention backend are traced through dynamo and AOT autograd without code generation (backend
+`aot_eager`, ~2 CPU-s each), which is where a model-specific break shows (a graph break, a
+data-dependent op outside the opaque ops).
 """
 
 import pytest
