@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lab.distributed.parallel_state import GroupCoordinator
-from lab.kernels import cpu_gemm
+from lab.kernels import cpu_gemm, cpu_sgemm
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -85,14 +85,18 @@ _MIN_PACK_ELEMENTS = 1 << 18  # 512 x 512: below it the packed call's fixed cost
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 packed: torch.Tensor | None, amx: torch.Tensor | None = None) -> torch.Tensor:
+                 packed: torch.Tensor | None, amx: torch.Tensor | None = None,
+                 sgemm: torch.Tensor | None = None) -> torch.Tensor:
     """y = x W^T + b: through the AMX kernel where the weight is packed for it (`amx`, bf16 on
-    a CPU with AMX: lab/kernels/cpu_gemm.py; eager and compiled alike, an opaque op), else
-    through the oneDNN-prepacked weight (`packed`). Under torch.compile the oneDNN case is
-    F.linear: inductor packs the weight for oneDNN itself (freezing) and fuses the pointwise op
-    that follows; it cannot take a weight packed outside the graph."""
+    a CPU with AMX: lab/kernels/cpu_gemm.py) or MKL's packed sgemm (`sgemm`, fp32 on a CPU:
+    lab/kernels/cpu_sgemm.py), eager and compiled alike (opaque ops), else through the
+    oneDNN-prepacked weight (`packed`). Under torch.compile the oneDNN case is F.linear:
+    inductor packs the weight for oneDNN itself (freezing) and fuses the pointwise op that
+    follows; it cannot take a weight packed outside the graph."""
     if amx is not None:
         return cpu_gemm.gemm(x, amx, weight, bias)
+    if sgemm is not None:
+        return cpu_sgemm.gemm(x, sgemm, weight, bias)
     if packed is not None and not torch.compiler.is_compiling():
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
@@ -116,13 +120,19 @@ class UnquantizedLinearMethod:
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The layer's forward."""
         return dense_linear(x, layer.weight, layer.bias, getattr(layer, "packed_weight", None),
-                            getattr(layer, "amx_weight", None))
+                            getattr(layer, "amx_weight", None), getattr(layer, "sgemm_weight", None))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """On CPU, prepack the weight: for the AMX kernel where it takes it (bf16, a CPU with
-        AMX: `cpu_gemm.try_pack`), else for oneDNN (`onednn_pack`)."""
+        AMX: `cpu_gemm.try_pack`), for MKL's packed sgemm (fp32 of at least
+        _MIN_PACK_ELEMENTS, torch with MKL: `cpu_sgemm.try_pack`), else for oneDNN
+        (`onednn_pack`)."""
         layer.amx_weight = cpu_gemm.try_pack(layer.weight)
-        layer.packed_weight = None if layer.amx_weight is not None else onednn_pack(layer.weight)
+        layer.sgemm_weight = None
+        if layer.amx_weight is None and layer.weight.numel() >= _MIN_PACK_ELEMENTS:
+            layer.sgemm_weight = cpu_sgemm.try_pack(layer.weight)
+        kernel_packed = layer.amx_weight is not None or layer.sgemm_weight is not None
+        layer.packed_weight = None if kernel_packed else onednn_pack(layer.weight)
 
 
 def divide(numerator: int, tp_size: int, what: str) -> int:
