@@ -1,12 +1,15 @@
-"""The CPU's bf16 GEMMs at decode batch sizes: lab's AMX kernel against oneDNN, one process.
+"""The CPU's GEMMs at decode batch sizes: lab's kernels against oneDNN, one process.
 
     python -m lab.bench.cpu_gemm                       # bench_llama and bench_qwen3_06b shapes
     python -m lab.bench.cpu_gemm --rows 1 16 64 256    # row counts (tokens in the step)
+    python -m lab.bench.cpu_gemm --dtype float32       # fp32: MKL's packed sgemm (cpu_sgemm)
 
 For each linear of the two bench presets (qkv, o, gate_up, down, LM head: [N, K] from their
 configs) and each row count, the median time of one call of
 
-    amx       lab/kernels/cpu_gemm.py (packed once; above 64 rows it is oneDNN inside the op)
+    amx       bf16: lab/kernels/cpu_gemm.py (packed once; above 64 rows it is oneDNN inside
+              the op); fp32: lab/kernels/cpu_sgemm.py, MKL's packed sgemm (from 128 rows
+              at::linear inside the op)
     onednn    torch.ops.mkldnn._linear_pointwise on a weight prepacked for oneDNN (what lab's
               linears ran before, eager, and what inductor's freezing calls, compile=true)
     F.linear  ATen's bf16 linear on the dense weight
@@ -27,7 +30,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from lab.kernels import cpu_gemm
+from lab.kernels import cpu_gemm, cpu_sgemm
 
 SHAPES = {  # name -> [(linear, N, K)], from conf/model/bench_*.yaml
     "bench_llama": [("qkv", 768, 512), ("o", 512, 512), ("gate_up", 2816, 512),
@@ -50,20 +53,22 @@ def _median_time(fn, calls: int, repeats: int) -> float:
 
 
 def _impls(weights: list[torch.Tensor], rows: int):
-    amx = [cpu_gemm.pack(w) for w in weights]
+    kernel = cpu_gemm if weights[0].dtype == torch.bfloat16 else cpu_sgemm
+    amx = [kernel.pack(w) for w in weights]
     onednn = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in weights]
     return {
-        "amx": lambda x, i: cpu_gemm.gemm(x, amx[i], weights[i]),
+        "amx": lambda x, i: kernel.gemm(x, amx[i], weights[i]),
         "onednn": lambda x, i: torch.ops.mkldnn._linear_pointwise(x, onednn[i], None, "none",
                                                                   [], ""),
         "F.linear": lambda x, i: F.linear(x, weights[i]),
     }
 
 
-def bench_linear(n: int, k: int, rows: int, copies: int, repeats: int) -> dict[str, float]:
+def bench_linear(n: int, k: int, rows: int, copies: int, repeats: int,
+                 dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
     """Seconds per call of each implementation, `copies` weights [n, k] called in turn."""
-    weights = [torch.randn(n, k).bfloat16() for _ in range(copies)]
-    x = torch.randn(rows, k).bfloat16()
+    weights = [torch.randn(n, k).to(dtype) for _ in range(copies)]
+    x = torch.randn(rows, k).to(dtype)
     want = F.linear(x.float(), weights[0].float())
     out = {}
     for name, fn in _impls(weights, rows).items():
@@ -74,11 +79,13 @@ def bench_linear(n: int, k: int, rows: int, copies: int, repeats: int) -> dict[s
     return out
 
 
-def bench_step(preset: str, rows: int, repeats: int) -> dict[str, float]:
+def bench_step(preset: str, rows: int, repeats: int,
+               dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
     """Seconds per decode step's linears (every layer's, LM head excluded), weights cold."""
     shapes = SHAPES[preset][:-1]
-    layers = [[torch.randn(n, k).bfloat16() for _, n, k in shapes] for _ in range(LAYERS[preset])]
-    xs = [torch.randn(rows, k).bfloat16() for _, _, k in shapes]
+    layers = [[torch.randn(n, k).to(dtype) for _, n, k in shapes]
+              for _ in range(LAYERS[preset])]
+    xs = [torch.randn(rows, k).to(dtype) for _, _, k in shapes]
     flat = [w for layer in layers for w in layer]
     out = {}
     for name, fn in _impls(flat, rows).items():
@@ -95,20 +102,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--weights", type=int, default=4, help="weight copies called in turn")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--presets", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                        help="bf16: the AMX kernel; fp32: MKL's packed sgemm (the amx column)")
     args = parser.parse_args(argv)
-    if not cpu_gemm.available():
+    dtype = getattr(torch, args.dtype)
+    if dtype == torch.bfloat16 and not cpu_gemm.available():
         raise SystemExit("the AMX kernel is not available here (no AMX-BF16, or no compiler)")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; us per call "
-          "(GB/s of weight read)")
+    if dtype == torch.float32 and not cpu_sgemm.available():
+        raise SystemExit("MKL's packed sgemm is not available here (no MKL, or no compiler)")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}; us per "
+          "call (GB/s of weight read)")
     print(f"{'preset':16s} {'linear':8s} {'[N, K]':>12s} {'rows':>5s}"
           f" {'amx':>15s} {'onednn':>15s} {'F.linear':>15s}  amx/onednn")
     for preset in args.presets:
         for rows in args.rows:
             for name, n, k in SHAPES[preset]:
-                t = bench_linear(n, k, rows, args.weights, args.repeats)
-                _row(preset, name, f"[{n}, {k}]", rows, t, n * k * 2)
-            t = bench_step(preset, rows, max(3, args.repeats // 4))
-            size = sum(n * k * 2 for _, n, k in SHAPES[preset][:-1]) * LAYERS[preset]
+                t = bench_linear(n, k, rows, args.weights, args.repeats, dtype)
+                _row(preset, name, f"[{n}, {k}]", rows, t, n * k * dtype.itemsize)
+            t = bench_step(preset, rows, max(3, args.repeats // 4), dtype)
+            size = sum(n * k * dtype.itemsize for _, n, k in SHAPES[preset][:-1]) * LAYERS[preset]
             _row(preset, "cold", f"{LAYERS[preset]} layers", rows, t, size)
 
 
