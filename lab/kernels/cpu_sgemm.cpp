@@ -67,7 +67,8 @@ at::Tensor gemm(at::Tensor x, at::Tensor packed, at::Tensor weight, std::optiona
   TORCH_CHECK(!bias || (bias->numel() == N && bias->scalar_type() == at::kFloat),
               "bias must be fp32 [N]");
   if (M >= MAX_M) return at::linear(x, weight, bias);
-  const auto xc = x.stride(1) == 1 ? x : x.contiguous();
+  // MKL reads rows lda >= K apart: other layouts (a broadcast row: stride 0) are copied first
+  const auto xc = x.stride(1) == 1 && x.stride(0) >= K ? x : x.contiguous();
   // C starts as the bias and the product is added to it (beta 1), as F.linear's addmm does
   auto y = at::empty({M, N}, x.options());  // a new tensor: never the bias itself (M = 1)
   if (bias) y.copy_(bias->reshape({1, N}).expand({M, N}));

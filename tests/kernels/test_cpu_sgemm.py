@@ -39,6 +39,9 @@ def test_strided_rows_and_leading_dims():
     torch.testing.assert_close(cpu_sgemm.gemm(x, cpu_sgemm.pack(w), w), cpu_sgemm.gemm_ref(x, w),
                                atol=1e-4, rtol=1e-5)
     assert cpu_sgemm.gemm(torch.randn(2, 3, 64), cpu_sgemm.pack(w), w).shape == (2, 3, 64)
+    row = torch.randn(1, 64).expand(4, 64)  # one row broadcast: stride 0
+    torch.testing.assert_close(cpu_sgemm.gemm(row, cpu_sgemm.pack(w), w),
+                               cpu_sgemm.gemm_ref(row, w), atol=1e-4, rtol=1e-5)
 
 
 def test_bad_input_is_refused_naming_it():
