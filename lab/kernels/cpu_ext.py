@@ -88,3 +88,47 @@ class CPUExtension:
         except Exception as e:  # no compiler / ninja: OSError, RuntimeError, CalledProcessError
             raise CPUKernelUnavailable(
                 f"the CPU kernel {self.source.name} could not be built: {e}") from e
+
+
+class PackedGemm:
+    """The Python side of a C++ GEMM on a weight packed once, shared by cpu_gemm (bf16 on AMX
+    tiles) and cpu_sgemm (fp32 on MKL's packed sgemm). The extension exports `pack(W)` and
+    defines the dispatcher op `lab_cpu::<op>(x [M, K], packed, weight [N, K], bias) -> [M, N]`;
+    here: whether it runs on this machine (`ready`, checked once, then the op's fake
+    implementation is registered so torch.compile keeps it opaque), packing, and the call with
+    any leading dims."""
+
+    def __init__(self, extension: CPUExtension, op: str, supports, ready) -> None:
+        self.extension, self.op = extension, op
+        self.supports = supports  # weight -> whether the kernel takes it
+        self.ready = ready  # () -> whether the kernel is built and may run here
+
+    @functools.cache  # noqa: B019
+    def available(self) -> bool:
+        if not self.ready():
+            return False
+        import torch
+
+        torch.library.register_fake(f"lab_cpu::{self.op}")(_packed_gemm_fake)
+        return True
+
+    def try_pack(self, weight):
+        """The packed weight where the kernel takes it on this machine, else None."""
+        if not self.supports(weight) or not self.available():
+            return None
+        return self.pack(weight)
+
+    def pack(self, weight):
+        return self.extension.load().pack(weight.detach())
+
+    def gemm(self, x, packed, weight, bias=None):
+        """y [..., N] = x [..., K] W^T (+ bias) through `packed` (= pack(weight))."""
+        import torch
+
+        op = getattr(torch.ops.lab_cpu, self.op)
+        return op(x.reshape(-1, x.shape[-1]), packed, weight, bias).view(*x.shape[:-1],
+                                                                        weight.shape[0])
+
+
+def _packed_gemm_fake(x, packed, weight, bias):
+    return x.new_empty(x.shape[0], weight.shape[0])

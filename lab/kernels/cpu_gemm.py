@@ -21,31 +21,12 @@ their oneDNN path.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
-from lab.kernels.cpu_ext import CPUExtension, cpu_flags
+from lab.kernels.cpu_ext import CPUExtension, PackedGemm, cpu_flags
 
 EXTENSION = CPUExtension("cpu_gemm")
-
-@functools.cache
-def available() -> bool:
-    """Whether the kernel is built here with AMX-BF16 and this process may use the tiles (on a
-    CPU without AMX-BF16 nothing is built)."""
-    if not {"amx_bf16", "amx_tile", "avx512_bf16"} <= set(cpu_flags().split()):
-        return False
-    if not EXTENSION.available() or not EXTENSION.load().amx_ready():
-        return False
-    _register_fake()
-    return True
-
-
-def _register_fake() -> None:
-    @torch.library.register_fake("lab_cpu::gemm_bf16")
-    def _gemm_fake(x, packed, weight, bias):
-        return x.new_empty(x.shape[0], weight.shape[0])
 
 
 def supports(weight: torch.Tensor) -> bool:
@@ -54,23 +35,18 @@ def supports(weight: torch.Tensor) -> bool:
             and weight.shape[0] % 16 == 0 and weight.shape[1] % 32 == 0)
 
 
-def try_pack(weight: torch.Tensor) -> torch.Tensor | None:
-    """The packed weight where the kernel takes it on this machine, else None."""
-    if not supports(weight) or not available():
-        return None
-    return pack(weight)
+def _ready() -> bool:
+    """Built here with AMX-BF16 and this process may use the tiles (on a CPU without AMX-BF16
+    nothing is built)."""
+    return ({"amx_bf16", "amx_tile", "avx512_bf16"} <= set(cpu_flags().split())
+            and EXTENSION.available() and EXTENSION.load().amx_ready())
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] bf16 -> the AMX layout (flat [N * K]; cpu_gemm.cpp)."""
-    return EXTENSION.load().pack(weight.detach())
-
-
-def gemm(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
-         bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y [..., N] = x [..., K] W^T (+ bias), bf16, through `packed` (= pack(weight))."""
-    y = torch.ops.lab_cpu.gemm_bf16(x.reshape(-1, x.shape[-1]), packed, weight, bias)
-    return y.view(*x.shape[:-1], weight.shape[0])
+OP = PackedGemm(EXTENSION, "gemm_bf16", supports, _ready)
+available = OP.available  # () -> whether the kernel runs here
+try_pack = OP.try_pack  # weight -> the packed weight where the kernel takes it, else None
+pack = OP.pack  # weight [N, K] bf16 -> the AMX layout (flat [N * K]; cpu_gemm.cpp)
+gemm = OP.gemm  # (x [..., K], packed, weight, bias=None) -> y [..., N] bf16
 
 
 def gemm_ref(x: torch.Tensor, weight: torch.Tensor,

@@ -20,30 +20,12 @@ MKL or it cannot be built, `available()` is False and the linears keep their one
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
-from lab.kernels.cpu_ext import CPUExtension
+from lab.kernels.cpu_ext import CPUExtension, PackedGemm
 
 EXTENSION = CPUExtension("cpu_sgemm")
-
-
-@functools.cache
-def available() -> bool:
-    """Whether torch has MKL and the op is built here (tried once per process)."""
-    if not torch.backends.mkl.is_available() or not EXTENSION.available():
-        return False
-    EXTENSION.load()
-    _register_fake()
-    return True
-
-
-def _register_fake() -> None:
-    @torch.library.register_fake("lab_cpu::gemm_fp32")
-    def _gemm_fake(x, packed, weight, bias):
-        return x.new_empty(x.shape[0], weight.shape[0])
 
 
 def supports(weight: torch.Tensor) -> bool:
@@ -52,23 +34,16 @@ def supports(weight: torch.Tensor) -> bool:
             and weight.is_contiguous())
 
 
-def try_pack(weight: torch.Tensor) -> torch.Tensor | None:
-    """The packed weight where the op takes it on this machine, else None."""
-    if not supports(weight) or not available():
-        return None
-    return pack(weight)
+def _ready() -> bool:
+    """torch has MKL and the op is built here."""
+    return torch.backends.mkl.is_available() and EXTENSION.available()
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] fp32 -> MKL's packed weight (fp32 words; cpu_sgemm.cpp)."""
-    return EXTENSION.load().pack(weight.detach())
-
-
-def gemm(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
-         bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y [..., N] = x [..., K] W^T (+ bias), fp32, through `packed` (= pack(weight))."""
-    y = torch.ops.lab_cpu.gemm_fp32(x.reshape(-1, x.shape[-1]), packed, weight, bias)
-    return y.view(*x.shape[:-1], weight.shape[0])
+OP = PackedGemm(EXTENSION, "gemm_fp32", supports, _ready)
+available = OP.available  # () -> whether the op runs here
+try_pack = OP.try_pack  # weight -> the packed weight where the op takes it, else None
+pack = OP.pack  # weight [N, K] fp32 -> MKL's packed weight (fp32 words; cpu_sgemm.cpp)
+gemm = OP.gemm  # (x [..., K], packed, weight, bias=None) -> y [..., N] fp32
 
 
 def gemm_ref(x: torch.Tensor, weight: torch.Tensor,
