@@ -38,7 +38,7 @@ from lab.attention.torch_backend import (
     TorchAttentionBackend,
     TorchAttentionMetadata,
     with_padding_rows,
-    write_kv_cache,
+    write_targets,
 )
 from lab.kernels import cpu_paged_decode as kernel
 
@@ -58,6 +58,14 @@ class DeferredMetadata:
     @functools.cached_property
     def torch(self) -> TorchAttentionMetadata:
         return TorchAttentionBackend.build_metadata(self.backend, self.inputs)
+
+    @functools.cached_property
+    def _targets(self) -> tuple[torch.Tensor | None, torch.Tensor]:
+        return write_targets(self.inputs.slot_mapping[:self.inputs.num_actual_tokens])
+
+    # where the step's K / V rows go, once a step (TorchAttentionBackend.write_step_kv reads them)
+    write_rows = property(lambda self: self._targets[0])
+    write_slots = property(lambda self: self._targets[1])
 
 
 def torch_metadata(metadata) -> TorchAttentionMetadata:
@@ -88,7 +96,8 @@ class CPUAttentionBackend(TorchAttentionBackend):
                 return kernel.paged_decode(q, k, v, kv_cache, a.slot_mapping, a.block_table,
                                            a.seq_lens, a.num_reqs, a.num_actual_tokens, scale)
             if not a.is_pure_decode and kv_cache.dtype == q.dtype:
-                return fresh_prefill(q, k, v, kv_cache, a, scale)
+                self.write_step_kv(layer_idx, k, v, kv_cache, metadata)
+                return fresh_prefill(q, k, v, a, scale)
         return super().forward(layer_idx, q, k, v, kv_cache, torch_metadata(metadata), scale)
 
     def forward_mla(self, layer_idx, q_nope, q_pe, kv_c, k_pe, kv_cache, metadata, mla, scale):
@@ -107,13 +116,11 @@ class CPUAttentionBackend(TorchAttentionBackend):
             return False
 
 
-def fresh_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                  inputs: AttentionInputs, scale: float) -> torch.Tensor:
-    """A fresh prefill step (is_fresh_prefill): the step's K / V rows into their slots, then
-    causal attention of each request's queries over its own k / v -> [T, H, D] (padding
-    tokens beyond num_actual_tokens are zero rows)."""
+def fresh_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs,
+                  scale: float) -> torch.Tensor:
+    """A fresh prefill step (is_fresh_prefill): causal attention of each request's queries over
+    its own k / v -> [T, H, D] (padding tokens beyond num_actual_tokens are zero rows)."""
     n = inputs.num_actual_tokens
-    write_kv_cache(kv_cache, k[:n], v[:n], inputs.slot_mapping[:n])
     lens = inputs.query_lens_cpu
     if len(set(lens)) == 1:  # one call: [B, H, L, D]
         b, length = len(lens), lens[0]

@@ -95,7 +95,7 @@ class TorchAttentionBackend(MLAAttentionMixin, PagedKVBackend):
         b = inputs.num_reqs
         blocks = inputs.block_table.long()
         keys = torch.arange(blocks.shape[1] * inputs.block_size, device=device)
-        rows, slots = _write_targets(inputs.slot_mapping[:inputs.num_actual_tokens])
+        rows, slots = write_targets(inputs.slot_mapping[:inputs.num_actual_tokens])
         if inputs.is_pure_decode:  # token i is request i's, at position seq_len - 1
             token_req = torch.arange(b, device=device)
             mask = keys[None, :] < inputs.seq_lens[:, None]
@@ -223,11 +223,11 @@ def write_kv_cache(
 ) -> None:
     """Reference KV write: token t goes to slot_mapping[t]; slots < 0 are skipped. An fp8 cache
     stores fp8(x / scale) (k_scale / v_scale: fp32 [1])."""
-    rows, slots = _write_targets(slot_mapping)
+    rows, slots = write_targets(slot_mapping)
     _write_rows(kv_cache, k, v, rows, slots, k_scale, v_scale)
 
 
-def _write_targets(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+def write_targets(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(the tokens that have a slot, their slots); rows None when every token has one (the
     common step without padding: no boolean indexing per layer)."""
     valid = slot_mapping >= 0
