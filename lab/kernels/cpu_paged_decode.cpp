@@ -10,9 +10,10 @@
 //   seq_lens  [>= B] int32                  keys 0 .. seq_lens[b] - 1 (the step's own included)
 //   -> out    [T, H, D]                     token b < B is request b's query; rows B.. are zero
 //
-// First the step's rows t < num_tokens are copied into their slots. Then one task per
-// (request, KV head), spread over torch's own thread pool (at::parallel_for): the task's
-// g = H / Hkv query heads share every K and V row it reads. Two passes over the keys:
+// First the step's rows t < num_tokens are copied into their slots. Then one task per request
+// (or per span of its KV heads where requests are fewer than 4 per thread: span_heads), spread
+// over torch's own thread pool (at::parallel_for); each KV head's g = H / Hkv query heads share
+// every K and V row it reads. Two passes over the keys, block by block:
 //
 //   1. s[h][j] = scale * q_h . k_j                 (a bf16 row widened to fp32 once)
 //   2. p = softmax(s[h]) per head (max-subtracted, fp32), out_h = sum_j p[h][j] v_j
@@ -38,12 +39,13 @@
 
 namespace {
 
-// A task prefetches the rows of the block PREFETCH_BLOCKS ahead of the one it reads, one row per
-// row read (the blocks of a request are scattered over the cache, so the hardware prefetcher
-// cannot guess the next one; a whole block asked for at once fills the core's miss buffers and
-// stalls it). Into L2 (prefetcht1): more misses in flight than L1 takes. bench_qwen3_06b bf16,
-// per layer: 1027 us with a block asked for at once, 550-610 us spread over the rows.
-constexpr int64_t PREFETCH_BLOCKS = 2;
+// A task prefetches each row it reads one block ahead (the same row and head of the next block:
+// the blocks of a request are scattered over the cache, so the hardware prefetcher cannot guess
+// the next one; a whole block asked for at once fills the core's miss buffers and stalls it).
+// Into L2 (prefetcht1): more misses in flight than L1 takes. Past K's last block it prefetches
+// V's first. bench_qwen3_06b bf16, 12 layers, 16 requests of 192 keys, cold: 5.9 ms as one task
+// per KV head two blocks ahead, 5.6 ms as one task per request one block ahead (below).
+constexpr int64_t PREFETCH_BLOCKS = 1;
 
 template <typename T>
 inline void prefetch_row(const T* row, int64_t D) {
@@ -56,45 +58,52 @@ struct Shape {
   int64_t B, H, Hkv, D, BS, num_blocks, max_blocks, q_stride;
 };
 
-// One (request, KV head): its g query heads q [g, D], its L keys through `blocks`, s [g * L]
-// scratch, out [g, D].
+// One request's KV heads kh .. kh + hc - 1 (a span): their hc * g query heads q [hc * g, D], its
+// L keys through `blocks`, s [hc * g, L] scratch, out [hc * g, D]. A key's row holds every KV
+// head ([BS, Hkv, D] blocks), so a span reads each block's rows as one stretch of hc * D values.
 template <typename T>
 struct Task {
   const T* q;
   const T* kv;
   const int32_t* blocks;
-  int64_t L, kh;
+  int64_t L, kh, hc;
   float* s;
   T* out;
 };
 
-// Walk the task's keys (first = 0: K, v_off: V) block by block, calling visit(j, row of key j)
-// and prefetching the block PREFETCH_BLOCKS ahead; `then`, where not null, is the first block of
-// what comes next (V after K), prefetched while the last blocks are read.
-template <typename T, typename Visit>
-inline void for_each_key(const Task<T>& t, const Shape& sh, int64_t first, const T* then,
-                         Visit&& visit) {
-  const int64_t BS = sh.BS, row = sh.Hkv * sh.D, L = t.L;
-  auto block_rows = [&](int64_t start) {
-    return t.kv + first + t.blocks[start / BS] * BS * row + t.kh * sh.D;
+// Walk the span's K (pass 0) or V (pass 1) block by block, and within a block head by head:
+// enter(h), then visit(h, j, head h's row of key j) for the block's keys, then leave(h) (a task
+// keeps a head's registers only while it reads that head's rows of one block). Each row read
+// prefetches the same row and head PREFETCH_BLOCKS blocks ahead (from K's end: V's start).
+template <typename T, typename Enter, typename Visit, typename Leave>
+inline void for_each_block(const Task<T>& t, const Shape& sh, int pass, Enter&& enter,
+                           Visit&& visit, Leave&& leave) {
+  const int64_t BS = sh.BS, D = sh.D, row = sh.Hkv * D, L = t.L, nblk = (L + BS - 1) / BS;
+  const T* heads = t.kv + t.kh * D;
+  auto block = [&](int64_t p, int64_t b) {
+    return heads + p * sh.num_blocks * BS * row + t.blocks[b] * BS * row;
   };
-  for (int64_t ahead = 0; ahead < std::min(L, PREFETCH_BLOCKS * BS); ++ahead)
-    prefetch_row(block_rows(ahead) + (ahead % BS) * row, sh.D);
-  for (int64_t start = 0; start < L; start += BS) {
-    const T* base = block_rows(start);
-    const int64_t ahead = start + PREFETCH_BLOCKS * BS;
-    const T* pre = ahead < L ? block_rows(ahead) : (start + BS >= L ? then : nullptr);
-    const int64_t n = std::min(BS, L - start);
-    for (int64_t o = 0; o < n; ++o) {
-      if (pre) prefetch_row(pre + o * row, sh.D);
-      visit(start + o, base + o * row);
+  for (int64_t b = 0; b < nblk; ++b) {
+    const T* rows = block(pass, b);
+    const int64_t ahead = b + PREFETCH_BLOCKS;
+    const T* pre = ahead < nblk                    ? block(pass, ahead)
+                   : pass == 0 && ahead < 2 * nblk ? block(1, ahead - nblk)
+                                                   : nullptr;
+    const int64_t n = std::min(BS, L - b * BS);
+    for (int64_t h = 0; h < t.hc; ++h) {
+      enter(h);
+      for (int64_t o = 0; o < n; ++o) {
+        if (pre) prefetch_row(pre + o * row + h * D, D);
+        visit(h, b * BS + o, rows + o * row + h * D);
+      }
+      leave(h);
     }
   }
 }
 
-// softmax over each of the g rows of s [g, L], in place (max-subtracted, fp32)
-inline void softmax_rows(float* s, int64_t g, int64_t L) {
-  for (int64_t h = 0; h < g; ++h) {
+// softmax over each of the n rows of s [n, L], in place (max-subtracted, fp32)
+inline void softmax_rows(float* s, int64_t n, int64_t L) {
+  for (int64_t h = 0; h < n; ++h) {
     float* r = s + h * L;
     const float m = *std::max_element(r, r + L);
     float total = 0.f;
@@ -103,12 +112,6 @@ inline void softmax_rows(float* s, int64_t g, int64_t L) {
     const float inv = 1.f / total;
     for (int64_t j = 0; j < L; ++j) r[j] *= inv;
   }
-}
-
-template <typename T>
-inline const T* first_v_row(const Task<T>& t, const Shape& sh) {
-  return t.kv + sh.num_blocks * sh.BS * sh.Hkv * sh.D + t.blocks[0] * sh.BS * sh.Hkv * sh.D +
-         t.kh * sh.D;
 }
 
 // ---- portable: any head_dim and group, loops the compiler vectorizes ----
@@ -138,29 +141,33 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t n
   return acc;
 }
 
+// work: 2 * hc * g * D floats (the scaled q, the accumulators)
 template <typename T>
-void task_portable(const Task<T>& t, const Shape& sh, float scale) {
-  const int64_t g = sh.H / sh.Hkv, D = sh.D, L = t.L;
-  std::vector<float> qs(g * D), buf(D), acc(g * D, 0.f);
-  const float* qf = as_float(t.q, qs.data(), g * D);
-  for (int64_t i = 0; i < g * D; ++i) qs[i] = qf[i] * scale;
-  for_each_key(t, sh, 0, first_v_row(t, sh), [&](int64_t j, const T* k) {  // pass 1: scores
+void task_portable(const Task<T>& t, const Shape& sh, float scale, float* work) {
+  const int64_t g = sh.H / sh.Hkv, D = sh.D, L = t.L, n = t.hc * g * D;
+  float *qs = work, *acc = work + n;
+  std::vector<float> buf(D);
+  const float* qf = as_float(t.q, acc, n);
+  for (int64_t i = 0; i < n; ++i) qs[i] = qf[i] * scale;
+  std::fill(acc, acc + n, 0.f);
+  auto none = [](int64_t) {};
+  for_each_block(t, sh, 0, none, [&](int64_t h, int64_t j, const T* k) {  // pass 1: scores
     const float* kf = as_float(k, buf.data(), D);
-    for (int64_t h = 0; h < g; ++h) t.s[h * L + j] = dot(qs.data() + h * D, kf, D);
-  });
-  softmax_rows(t.s, g, L);
-  for_each_key(t, sh, sh.num_blocks * sh.BS * sh.Hkv * D, static_cast<const T*>(nullptr),
-               [&](int64_t j, const T* v) {  // pass 2: p @ V
+    for (int64_t i = h * g; i < (h + 1) * g; ++i) t.s[i * L + j] = dot(qs + i * D, kf, D);
+  }, none);
+  softmax_rows(t.s, t.hc * g, L);
+  for_each_block(t, sh, 1, none, [&](int64_t h, int64_t j, const T* v) {  // pass 2: p @ V
     const float* vf = as_float(v, buf.data(), D);
-    for (int64_t h = 0; h < g; ++h) axpy(t.s[h * L + j], vf, acc.data() + h * D, D);
-  });
-  for (int64_t i = 0; i < g * D; ++i) t.out[i] = static_cast<T>(acc[i]);
+    for (int64_t i = h * g; i < (h + 1) * g; ++i) axpy(t.s[i * L + j], vf, acc + i * D, D);
+  }, none);
+  for (int64_t i = 0; i < n; ++i) t.out[i] = static_cast<T>(acc[i]);
 }
 
 // ---- AVX-512: head_dim 16 * NC and group G known at compile time ----
 #if defined(__AVX512F__)
-// q, the accumulators and a K/V row stay in registers (the portable loop goes through memory
-// for every row and reduces every dot product alone: 2-2.5x slower on a cache in L2).
+// A head's q (pass 1) or accumulators (pass 2) and a K/V row sit in registers while the task
+// reads that head's rows of a block (the portable loop goes through memory for every row and
+// reduces every dot product alone: 2-2.5x slower on a cache in L2).
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const at::BFloat16* p) {  // bf16 -> fp32: zero-extend, shift to the top
   const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -168,46 +175,46 @@ inline __m512 load16(const at::BFloat16* p) {  // bf16 -> fp32: zero-extend, shi
 }
 
 template <int G, int NC, typename T>
-void task_avx512(const Task<T>& t, const Shape& sh, float scale) {
+void task_avx512(const Task<T>& t, const Shape& sh, float scale, float* work) {
   constexpr int D = 16 * NC;
-  const int64_t L = t.L;
-  __m512 qv[G][NC];
-  for (int h = 0; h < G; ++h)
-    for (int c = 0; c < NC; ++c)
-      qv[h][c] = _mm512_mul_ps(load16(t.q + h * D + 16 * c), _mm512_set1_ps(scale));
-  for_each_key(t, sh, 0, first_v_row(t, sh), [&](int64_t j, const T* k) {  // pass 1: scores
+  const int64_t L = t.L, n = t.hc * G * D;
+  float* qs = work;  // the span's q, scaled; then its accumulators
+  for (int64_t i = 0; i < n; i += 16)
+    _mm512_storeu_ps(qs + i, _mm512_mul_ps(load16(t.q + i), _mm512_set1_ps(scale)));
+  __m512 r[G][NC];
+  auto load = [&](int64_t h) {
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < NC; ++c) r[g][c] = _mm512_loadu_ps(qs + (h * G + g) * D + 16 * c);
+  };
+  auto store = [&](int64_t h) {
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < NC; ++c) _mm512_storeu_ps(qs + (h * G + g) * D + 16 * c, r[g][c]);
+  };
+  for_each_block(t, sh, 0, load, [&](int64_t h, int64_t j, const T* k) {  // pass 1: scores
     __m512 kc[NC];
     for (int c = 0; c < NC; ++c) kc[c] = load16(k + 16 * c);
-    for (int h = 0; h < G; ++h) {
-      __m512 a = _mm512_mul_ps(qv[h][0], kc[0]);
-      for (int c = 1; c < NC; ++c) a = _mm512_fmadd_ps(qv[h][c], kc[c], a);
-      t.s[h * L + j] = _mm512_reduce_add_ps(a);
+    for (int g = 0; g < G; ++g) {
+      __m512 a = _mm512_mul_ps(r[g][0], kc[0]);
+      for (int c = 1; c < NC; ++c) a = _mm512_fmadd_ps(r[g][c], kc[c], a);
+      t.s[(h * G + g) * L + j] = _mm512_reduce_add_ps(a);
     }
-  });
-  softmax_rows(t.s, G, L);
-  __m512 acc[G][NC];
-  for (int h = 0; h < G; ++h)
-    for (int c = 0; c < NC; ++c) acc[h][c] = _mm512_setzero_ps();
-  for_each_key(t, sh, sh.num_blocks * sh.BS * sh.Hkv * D, static_cast<const T*>(nullptr),
-               [&](int64_t j, const T* v) {  // pass 2: p @ V
+  }, [](int64_t) {});
+  softmax_rows(t.s, t.hc * G, L);
+  std::fill(qs, qs + n, 0.f);
+  for_each_block(t, sh, 1, load, [&](int64_t h, int64_t j, const T* v) {  // pass 2: p @ V
     __m512 vc[NC];
     for (int c = 0; c < NC; ++c) vc[c] = load16(v + 16 * c);
-    for (int h = 0; h < G; ++h) {
-      const __m512 p = _mm512_set1_ps(t.s[h * L + j]);
-      for (int c = 0; c < NC; ++c) acc[h][c] = _mm512_fmadd_ps(p, vc[c], acc[h][c]);
+    for (int g = 0; g < G; ++g) {
+      const __m512 p = _mm512_set1_ps(t.s[(h * G + g) * L + j]);
+      for (int c = 0; c < NC; ++c) r[g][c] = _mm512_fmadd_ps(p, vc[c], r[g][c]);
     }
-  });
-  alignas(64) float row[16];
-  for (int h = 0; h < G; ++h)
-    for (int c = 0; c < NC; ++c) {
-      _mm512_store_ps(row, acc[h][c]);
-      for (int i = 0; i < 16; ++i) t.out[h * D + 16 * c + i] = static_cast<T>(row[i]);
-    }
+  }, store);
+  for (int64_t i = 0; i < n; ++i) t.out[i] = static_cast<T>(qs[i]);
 }
 #endif
 
 template <typename T>
-using TaskFn = void (*)(const Task<T>&, const Shape&, float);
+using TaskFn = void (*)(const Task<T>&, const Shape&, float, float*);
 
 // the AVX-512 task compiled for this (group, head_dim), else the portable one
 template <typename T>
@@ -220,6 +227,16 @@ TaskFn<T> pick_task(int64_t g, int64_t D, bool portable) {
 #undef LAB_TASK
 #endif
   return &task_portable<T>;
+}
+
+// KV heads per task: all of a request's (its blocks read as whole stretches) unless that leaves
+// fewer than 4 tasks per thread; then the fewest spans (a divisor of Hkv) that give that many
+int64_t span_heads(int64_t B, int64_t Hkv) {
+  const int64_t want = 4 * static_cast<int64_t>(at::get_num_threads());
+  int64_t spans = 1;
+  while (spans < Hkv && B * spans < want)
+    do ++spans; while (Hkv % spans);
+  return Hkv / spans;
 }
 
 template <typename T>
@@ -237,19 +254,21 @@ template <typename T>
 void decode(const T* q, const T* kv, const int32_t* table, const int32_t* seq_lens, T* out,
             const Shape& sh, float scale, bool portable) {
   const int64_t H = sh.H, Hkv = sh.Hkv, D = sh.D, g = H / Hkv;
+  const int64_t hc = span_heads(sh.B, Hkv), spans = Hkv / hc;
   const TaskFn<T> run = pick_task<T>(g, D, portable);
-  at::parallel_for(0, sh.B * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s;
+  at::parallel_for(0, sh.B * spans, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s, work(2 * hc * g * D);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / Hkv, kh = task % Hkv;
-      if (seq_lens[b] <= 0) {  // no keys: a zero row, as the reference gives
-        std::fill(out + (b * H + kh * g) * D, out + (b * H + kh * g + g) * D, T(0));
+      const int64_t b = task / spans, kh = task % spans * hc;
+      T* o = out + (b * H + kh * g) * D;
+      if (seq_lens[b] <= 0) {  // no keys: zero rows, as the reference gives
+        std::fill(o, o + hc * g * D, T(0));
         continue;
       }
-      s.resize(g * seq_lens[b]);
+      s.resize(hc * g * seq_lens[b]);
       run(Task<T>{q + b * sh.q_stride + kh * g * D, kv, table + b * sh.max_blocks, seq_lens[b],
-                  kh, s.data(), out + (b * H + kh * g) * D},
-          sh, scale);
+                  kh, hc, s.data(), o},
+          sh, scale, work.data());
     }
   });
 }

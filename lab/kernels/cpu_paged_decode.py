@@ -20,8 +20,10 @@ backend falls back to the torch path (with one warning).
       (request b's one token) attends to its seq_lens[b] keys; rows num_reqs.. are zero.
       Head dim 64 or 128 with a group of 1, 2, 4 or 8 query heads per KV head runs AVX-512
       intrinsics where the CPU has them (q, accumulators and rows in registers; each block's
-      rows prefetched two blocks ahead, a row at a time); other shapes and CPUs run portable
-      loops (`portable=True` forces them).
+      rows prefetched a block ahead, a row at a time); other shapes and CPUs run portable
+      loops (`portable=True` forces them). A task takes a request's KV heads all together (its
+      blocks read as whole stretches), or spans of them where requests are fewer than four per
+      thread.
 
 `paged_decode_ref` is the same contract in PyTorch (the reference KV write, then each
 request's keys gathered and a softmax in fp32).

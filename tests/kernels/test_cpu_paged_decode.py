@@ -57,16 +57,20 @@ def test_kernel_equals_reference(dtype, num_reqs, hkv, group, d, bs):
 @pytest.mark.parametrize(("hkv", "group", "d"), [
     (2, 4, 64), (8, 2, 128), (1, 1, 64), (2, 8, 128), (3, 3, 64),
 ])
-def test_vector_shapes_equal_reference_both_paths(portable, dtype, hkv, group, d):
+@pytest.mark.parametrize("num_reqs", [1, 6, 16])
+def test_vector_shapes_equal_reference_both_paths(portable, dtype, hkv, group, d, num_reqs):
     """Head dims 64 / 128 with groups 1-8 are the AVX-512 tasks' shapes (group 3: portable
     even there); `portable=True` runs the plain loops on the same step. Block size 16 with up
-    to 5 blocks: the prefetch two blocks ahead runs past a request's last block into its V."""
-    q, k, v, kv, slots, table, seq_lens = _step(6, hkv, group, d, 16, dtype, seed=d + group)
+    to 5 blocks: the prefetch a block ahead runs past a request's last K block into its V. One
+    request splits into a task per KV head (span_heads), 16 give a task per request, 6 between
+    (at 1-8 threads)."""
+    q, k, v, kv, slots, table, seq_lens = _step(num_reqs, hkv, group, d, 16, dtype,
+                                                seed=d + group + num_reqs)
     kv_ref = kv.clone()
-    args = (slots, table, seq_lens, 6, q.shape[0], d ** -0.5)
+    args = (slots, table, seq_lens, num_reqs, q.shape[0], d ** -0.5)
     out = kernel.paged_decode(q, k, v, kv, *args, portable=portable)
     want = kernel.paged_decode_ref(q, k, v, kv_ref, *args)
-    assert torch.equal(kv, kv_ref) and not out[6:].any()
+    assert torch.equal(kv, kv_ref) and not out[num_reqs:].any()
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
     torch.testing.assert_close(out, want, **tol)
 
