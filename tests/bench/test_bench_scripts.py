@@ -4,6 +4,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from lab import SamplingParams
 from lab.bench import e2e, kernels, overhead
 from lab.layers.linear import Linear
@@ -267,3 +269,20 @@ def test_step_profile_timers_put_back_an_instance_attribute():
     timers.close()
     assert m.forward() == "own" and "forward" in vars(m)
     assert other.forward() == "class" and "forward" not in vars(other)
+
+
+def test_cpu_decode_bench_times_the_kernel_over_every_layer(capsys):
+    """Tiny stream, both paths (checked against each other first), one line per batch."""
+    from lab.bench import cpu_decode
+    from lab.kernels import cpu_paged_decode
+
+    try:
+        cpu_paged_decode.load()
+    except cpu_paged_decode.CPUKernelUnavailable as e:
+        pytest.skip(str(e))
+    cpu_decode.main(["--preset", "bench_llama", "--dtype", "float32", "--batches", "2x20",
+                     "1x33", "--stream-mb", "0.1", "--repeats", "1", "--portable"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "bench_llama (4 layers), float32" in lines[0]
+    assert lines[1].startswith("  2 requests x    20 keys  vector") and "portable" in lines[1]
+    assert lines[2].startswith("  1 requests x    33 keys")
