@@ -48,6 +48,7 @@ from torch import nn
 
 from lab.distributed.parallel_state import GroupCoordinator
 from lab.kernels import cpu_gemm, cpu_sgemm
+from lab.kernels.cpu_ext import PackedGemm
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -84,19 +85,26 @@ _PACK_BATCH_HINT = 16
 _MIN_PACK_ELEMENTS = 1 << 18  # 512 x 512: below it the packed call's fixed cost dominates
 
 
+def kernel_pack(weight: torch.Tensor) -> tuple[PackedGemm | None, torch.Tensor | None]:
+    """(lab's own CPU GEMM for `weight`, the weight packed for it), or (None, None): the AMX
+    kernel for bf16 (lab/kernels/cpu_gemm.py, any shape it takes), else MKL's packed sgemm for
+    fp32 from _MIN_PACK_ELEMENTS (lab/kernels/cpu_sgemm.py), where they run on this machine."""
+    for op, min_elements in ((cpu_gemm.OP, 0), (cpu_sgemm.OP, _MIN_PACK_ELEMENTS)):
+        if weight.numel() >= min_elements and (packed := op.try_pack(weight)) is not None:
+            return op, packed
+    return None, None
+
+
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 packed: torch.Tensor | None, amx: torch.Tensor | None = None,
-                 sgemm: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x W^T + b: through the AMX kernel where the weight is packed for it (`amx`, bf16 on
-    a CPU with AMX: lab/kernels/cpu_gemm.py) or MKL's packed sgemm (`sgemm`, fp32 on a CPU:
-    lab/kernels/cpu_sgemm.py), eager and compiled alike (opaque ops), else through the
+                 packed: torch.Tensor | None, kernel: PackedGemm | None = None,
+                 kernel_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x W^T + b: through lab's own CPU GEMM where the weight is packed for it (`kernel`,
+    `kernel_weight`: kernel_pack), eager and compiled alike (an opaque op), else through the
     oneDNN-prepacked weight (`packed`). Under torch.compile the oneDNN case is F.linear:
     inductor packs the weight for oneDNN itself (freezing) and fuses the pointwise op that
     follows; it cannot take a weight packed outside the graph."""
-    if amx is not None:
-        return cpu_gemm.gemm(x, amx, weight, bias)
-    if sgemm is not None:
-        return cpu_sgemm.gemm(x, sgemm, weight, bias)
+    if kernel is not None:
+        return kernel.gemm(x, kernel_weight, weight, bias)
     if packed is not None and not torch.compiler.is_compiling():
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
@@ -120,19 +128,13 @@ class UnquantizedLinearMethod:
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The layer's forward."""
         return dense_linear(x, layer.weight, layer.bias, getattr(layer, "packed_weight", None),
-                            getattr(layer, "amx_weight", None), getattr(layer, "sgemm_weight", None))
+                            getattr(layer, "kernel", None), getattr(layer, "kernel_weight", None))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """On CPU, prepack the weight: for the AMX kernel where it takes it (bf16, a CPU with
-        AMX: `cpu_gemm.try_pack`), for MKL's packed sgemm (fp32 of at least
-        _MIN_PACK_ELEMENTS, torch with MKL: `cpu_sgemm.try_pack`), else for oneDNN
-        (`onednn_pack`)."""
-        layer.amx_weight = cpu_gemm.try_pack(layer.weight)
-        layer.sgemm_weight = None
-        if layer.amx_weight is None and layer.weight.numel() >= _MIN_PACK_ELEMENTS:
-            layer.sgemm_weight = cpu_sgemm.try_pack(layer.weight)
-        kernel_packed = layer.amx_weight is not None or layer.sgemm_weight is not None
-        layer.packed_weight = None if kernel_packed else onednn_pack(layer.weight)
+        """On CPU, prepack the weight: for lab's own GEMM where one takes it (`kernel_pack`:
+        `layer.kernel`, `layer.kernel_weight`), else for oneDNN (`onednn_pack`)."""
+        layer.kernel, layer.kernel_weight = kernel_pack(layer.weight)
+        layer.packed_weight = None if layer.kernel is not None else onednn_pack(layer.weight)
 
 
 def divide(numerator: int, tp_size: int, what: str) -> int:

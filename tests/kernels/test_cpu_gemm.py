@@ -73,13 +73,13 @@ def _linear(dtype, n=80, k=96):
 
 def test_linear_packs_bf16_for_amx_and_fp32_for_onednn():
     layer = _linear(torch.bfloat16)
-    assert layer.amx_weight is not None and layer.packed_weight is None
+    assert layer.kernel is cpu_gemm.OP and layer.packed_weight is None
     x = torch.randn(7, 96).bfloat16()
     torch.testing.assert_close(layer(x).float(),
                                cpu_gemm.gemm_ref(x, layer.weight, layer.bias).float(),
                                atol=2e-2, rtol=1.6e-2)
-    assert _linear(torch.float32).amx_weight is None
-    assert _linear(torch.bfloat16, n=40).amx_weight is None  # N % 16 != 0: oneDNN
+    assert _linear(torch.float32).kernel is not cpu_gemm.OP
+    assert _linear(torch.bfloat16, n=40).kernel is None  # N % 16 != 0: oneDNN
 
 
 def test_traces_as_one_opaque_op_with_a_symbolic_row_count():

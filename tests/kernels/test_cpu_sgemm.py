@@ -67,8 +67,8 @@ def test_linear_layers_pack_fp32_weights_for_it():
     for layer in (big, small):
         torch.nn.init.normal_(layer.weight)
         method.process_weights_after_loading(layer)
-    assert big.sgemm_weight is not None and big.packed_weight is None
-    assert small.sgemm_weight is None
+    assert big.kernel is cpu_sgemm.OP and big.packed_weight is None
+    assert small.kernel is None
     x = torch.randn(5, 512)
     torch.testing.assert_close(big(x), cpu_sgemm.gemm_ref(x, big.weight, big.bias), atol=1e-4,
                                rtol=1e-5)
