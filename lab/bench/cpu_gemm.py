@@ -2,14 +2,16 @@
 
     python -m lab.bench.cpu_gemm                       # bench_llama and bench_qwen3_06b shapes
     python -m lab.bench.cpu_gemm --rows 1 16 64 256    # row counts (tokens in the step)
-    python -m lab.bench.cpu_gemm --dtype float32       # fp32: MKL's packed sgemm (cpu_sgemm)
+    python -m lab.bench.cpu_gemm --dtype float32       # fp32: lab's op (cpu_sgemm) and MKL's
 
 For each linear of the two bench presets (qkv, o, gate_up, down, LM head: [N, K] from their
 configs) and each row count, the median time of one call of
 
     amx       bf16: lab/kernels/cpu_gemm.py (packed once; above 64 rows it is oneDNN inside
-              the op); fp32: lab/kernels/cpu_sgemm.py, MKL's packed sgemm (from 128 rows
-              at::linear inside the op)
+              the op); fp32: lab/kernels/cpu_sgemm.py as pack() chooses (its ordered
+              AVX-512 kernel where that gives F.linear's bits, else MKL's packed sgemm; from
+              128 rows at::linear inside the op)
+    mkl       fp32 only: the same op on MKL's packed sgemm (cpu_sgemm.pack_mkl), side by side
     onednn    torch.ops.mkldnn._linear_pointwise on a weight prepacked for oneDNN (what lab's
               linears ran before, eager, and what inductor's freezing calls, compile=true)
     F.linear  ATen's bf16 linear on the dense weight
@@ -56,12 +58,16 @@ def _impls(weights: list[torch.Tensor], rows: int):
     kernel = cpu_gemm if weights[0].dtype == torch.bfloat16 else cpu_sgemm
     amx = [kernel.pack(w) for w in weights]
     onednn = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in weights]
-    return {
+    impls = {
         "amx": lambda x, i: kernel.gemm(x, amx[i], weights[i]),
         "onednn": lambda x, i: torch.ops.mkldnn._linear_pointwise(x, onednn[i], None, "none",
                                                                   [], ""),
         "F.linear": lambda x, i: F.linear(x, weights[i]),
     }
+    if kernel is cpu_sgemm:
+        mkl = [cpu_sgemm.pack_mkl(w) for w in weights]
+        impls["mkl"] = lambda x, i: cpu_sgemm.gemm(x, mkl[i], weights[i])
+    return impls
 
 
 def bench_linear(n: int, k: int, rows: int, copies: int, repeats: int,
@@ -112,8 +118,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("MKL's packed sgemm is not available here (no MKL, or no compiler)")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}; us per "
           "call (GB/s of weight read)")
+    mkl = "mkl" if dtype == torch.float32 else ""
     print(f"{'preset':16s} {'linear':8s} {'[N, K]':>12s} {'rows':>5s}"
-          f" {'amx':>15s} {'onednn':>15s} {'F.linear':>15s}  amx/onednn")
+          f" {'amx':>15s} {'onednn':>15s} {'F.linear':>15s} {mkl:>15s}  amx/onednn"
+          + ("  amx/mkl" if mkl else ""))
     for preset in args.presets:
         for rows in args.rows:
             for name, n, k in SHAPES[preset]:
@@ -126,8 +134,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def _row(preset: str, name: str, shape: str, rows: int, t: dict[str, float], nbytes: int):
     cells = "".join(f" {t[k] * 1e6:8.1f} ({nbytes / t[k] / 1e9:3.0f})" for k in
-                    ("amx", "onednn", "F.linear"))
-    print(f"{preset:16s} {name:8s} {shape:>12s} {rows:5d}{cells}  {t['amx'] / t['onednn']:.2f}")
+                    ("amx", "onednn", "F.linear", "mkl") if k in t)
+    ratios = f"  {t['amx'] / t['onednn']:.2f}" + (f"  {t['amx'] / t['mkl']:.2f}" if "mkl" in t else "")
+    print(f"{preset:16s} {name:8s} {shape:>12s} {rows:5d}{cells}{ratios}")
 
 
 if __name__ == "__main__":

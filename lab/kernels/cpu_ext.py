@@ -8,7 +8,9 @@ disk (TORCH_EXTENSIONS_DIR) and in the process:
 - flags: `-O3 -march=native` (this CPU's instructions: AVX-512, AMX where it has them);
   `-fopenmp` makes `at::parallel_for` run on torch's OpenMP pool (without it the header-only
   loop runs serially; the extension's libgomp is torch's, one runtime per process);
-  `-ffast-math` lets fp32 reductions and exp vectorize (glibc's libmvec: `-lmvec`).
+  `-ffast-math` lets fp32 reductions and exp vectorize (glibc's libmvec: `-lmvec`); an
+  extension may add flags after these (`extra_cflags`: cpu_sgemm undoes -ffast-math, as its
+  kernel's order of adds is its contract).
 - name: `lab_<stem>_<hash>`, the hash over the source, the flags, torch's version and this
   CPU's flags, so a changed source or another machine builds its own copy instead of loading a
   binary made for other instructions.
@@ -48,15 +50,16 @@ def cpu_flags() -> str:
 class CPUExtension:
     """The extension built from lab/kernels/<stem>.cpp (module docstring)."""
 
-    def __init__(self, stem: str) -> None:
+    def __init__(self, stem: str, extra_cflags: tuple[str, ...] = ()) -> None:
         self.stem = stem
+        self.cflags = CFLAGS + extra_cflags  # later flags win: ("-fno-fast-math",) undoes one
         self.source = Path(__file__).with_name(f"{stem}.cpp")
 
     def name(self) -> str:
         """lab_<stem>_<hash of source, flags, torch version and the CPU's flags>."""
         import torch
 
-        key = "\n".join([self.source.read_text(), *CFLAGS, *LDFLAGS, torch.__version__,
+        key = "\n".join([self.source.read_text(), *self.cflags, *LDFLAGS, torch.__version__,
                          cpu_flags()])
         return f"lab_{self.stem}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
@@ -83,7 +86,7 @@ class CPUExtension:
 
             # copies: cpp_extension appends torch's libraries to the lists it is given, which
             # changed the next extension's name (and so built a second copy of it)
-            return cpp_load(self.name(), [str(self.source)], extra_cflags=list(CFLAGS),
+            return cpp_load(self.name(), [str(self.source)], extra_cflags=list(self.cflags),
                             extra_ldflags=list(LDFLAGS), verbose=False)
         except Exception as e:  # no compiler / ninja: OSError, RuntimeError, CalledProcessError
             raise CPUKernelUnavailable(
@@ -92,8 +95,9 @@ class CPUExtension:
 
 class PackedGemm:
     """The Python side of a C++ GEMM on a weight packed once, shared by cpu_gemm (bf16 on AMX
-    tiles) and cpu_sgemm (fp32 on MKL's packed sgemm). The extension exports `pack(W)` and
-    defines the dispatcher op `lab_cpu::<op>(x [M, K], packed, weight [N, K], bias) -> [M, N]`;
+    tiles) and cpu_sgemm (fp32: its ordered AVX-512 kernel or MKL's packed sgemm). The
+    extension exports `pack(W)` and defines the dispatcher op
+    `lab_cpu::<op>(x [M, K], packed, weight [N, K], bias) -> [M, N]`;
     here: whether it runs on this machine (`ready`, checked once, then the op's fake
     implementation is registered so torch.compile keeps it opaque), packing, and the call with
     any leading dims."""

@@ -87,8 +87,9 @@ _MIN_PACK_ELEMENTS = 1 << 18  # 512 x 512: below it the packed call's fixed cost
 
 def kernel_pack(weight: torch.Tensor) -> tuple[PackedGemm | None, torch.Tensor | None]:
     """(lab's own CPU GEMM for `weight`, the weight packed for it), or (None, None): the AMX
-    kernel for bf16 (lab/kernels/cpu_gemm.py, any shape it takes), else MKL's packed sgemm for
-    fp32 from _MIN_PACK_ELEMENTS (lab/kernels/cpu_sgemm.py), where they run on this machine."""
+    kernel for bf16 (lab/kernels/cpu_gemm.py, any shape it takes), else the fp32 GEMM from
+    _MIN_PACK_ELEMENTS (lab/kernels/cpu_sgemm.py: its ordered kernel where that gives F.linear's
+    bits, else MKL's packed sgemm), where they run on this machine."""
     for op, min_elements in ((cpu_gemm.OP, 0), (cpu_sgemm.OP, _MIN_PACK_ELEMENTS)):
         if weight.numel() >= min_elements and (packed := op.try_pack(weight)) is not None:
             return op, packed

@@ -1,7 +1,9 @@
-"""MKL's packed sgemm (lab/kernels/cpu_sgemm.cpp) equals its reference (F.linear) over the row
-counts a weight packed once for 16 rows serves (1 to 127) and past them (at::linear), bias,
-strided rows; bad input is refused naming it; the linear layers pack fp32 weights for it and it
-traces under torch.compile as one opaque op. Skipped where torch has no MKL."""
+"""lab's fp32 GEMM on a packed weight (lab/kernels/cpu_sgemm.cpp) equals its reference (F.linear)
+over the row counts a packed weight serves (1 to 127) and past them (at::linear), bias, strided
+rows; bad input is refused naming it; the linear layers pack fp32 weights for it and it traces
+under torch.compile as one opaque op. The ordered kernel sums in its layout's order bit for bit
+(a PyTorch emulation of that order), and pack() keeps it only in the first layout that gives
+F.linear's bits, else MKL's packed sgemm. Skipped where torch has no MKL."""
 
 import pytest
 import torch
@@ -82,3 +84,81 @@ def test_it_traces_as_one_opaque_op():
                        fullgraph=True)
     torch.testing.assert_close(fn(x), torch.relu(cpu_sgemm.gemm_ref(x, w, b)), atol=1e-4,
                                rtol=1e-5)
+
+
+# ---- the ordered kernel (AVX-512 builds): its sums in a layout's order, and pack()'s choice ----
+
+ordered = pytest.mark.skipif(not cpu_sgemm.has_ordered(),
+                             reason="the ordered kernel needs AVX-512 (this build has none)")
+
+
+@ordered
+@pytest.mark.parametrize(("m", "n", "k", "parts", "kc", "balanced"), [
+    (1, 17, 64, 1, 64, False),     # one row, one block, a 1-column tail
+    (5, 40, 300, 2, 64, False),    # 2 parts of 150: blocks 64, 64, 22
+    (8, 48, 96, 4, 16, False),     # 4 parts, one full tile of 3 column blocks
+    (9, 100, 200, 2, 48, True),    # balanced: 2 parts of 100 as 64 + 36 -> 2 x 64 (rounded)
+    (16, 520, 136, 1, 384, False),  # a decode batch, columns past a tile and a block
+    (20, 33, 260, 2, 130, False),  # rows past 2 passes of 8, sub-blocks of 64 inside a block
+])
+@pytest.mark.parametrize("bias", [False, True])
+def test_ordered_kernel_sums_in_its_layouts_order(m, n, k, parts, kc, balanced, bias):
+    """Bit for bit the PyTorch emulation of the layout's order (FMA chains from zero per block,
+    chained per part from the bias, parts added in order): the kernel's tiles, passes, sub-blocks
+    and threads change where it reads, never the order it adds in."""
+    w, b = _weights(n, k, bias, seed=m + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k))
+    got = cpu_sgemm.gemm(x, cpu_sgemm.pack_layout(w, parts, kc, balanced), w, b)
+    assert torch.equal(got, cpu_sgemm.emulate_ref(x, w, b, parts, kc, balanced))
+    torch.testing.assert_close(got, cpu_sgemm.gemm_ref(x, w, b), atol=1e-4, rtol=1e-5)
+
+
+def _gives_linears_bits(packed, w) -> bool:
+    g = torch.Generator().manual_seed(3)
+    return all(torch.equal(cpu_sgemm.gemm(x, packed, w), cpu_sgemm.gemm_ref(x, w))
+               for x in (torch.randn(16, w.shape[1], generator=g),
+                         torch.randn(127, w.shape[1], generator=g)))
+
+
+@ordered
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("n", "k"), [(96, 1024), (64, 1408), (80, 136)])
+def test_pack_keeps_the_first_layout_giving_linears_bits(threads, n, k):
+    """pack() tries the candidate layouts in order on the weight at this thread count and keeps
+    the first whose output equals F.linear's bit for bit (on 16 and 127 rows), else MKL's packed
+    sgemm; where it keeps one, lab's fp32 linear is F.linear's bits, bias included."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        w, b = _weights(n, k, True, seed=k)
+        w = w / k ** 0.5
+        want = next((f"ordered: {p} parts x blocks of {kc}" + (" (balanced)" if bal else "")
+                     for p, kc, bal in cpu_sgemm.candidate_layouts(k)
+                     if _gives_linears_bits(cpu_sgemm.pack_layout(w, p, kc, bal), w)), "mkl")
+        packed = cpu_sgemm.pack(w)
+        assert cpu_sgemm.describe(packed) == want
+        if want != "mkl":
+            x = torch.randn(16, k, generator=torch.Generator().manual_seed(4))
+            assert torch.equal(cpu_sgemm.gemm(x, packed, w, b), cpu_sgemm.gemm_ref(x, w, b))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_mkl_packing_stays_available_side_by_side():
+    w, b = _weights(96, 128, True)
+    x = torch.randn(16, 128)
+    packed = cpu_sgemm.pack_mkl(w)
+    assert cpu_sgemm.describe(packed) == "mkl"
+    torch.testing.assert_close(cpu_sgemm.gemm(x, packed, w, b), cpu_sgemm.gemm_ref(x, w, b),
+                               atol=1e-4, rtol=1e-5)
+
+
+@ordered
+def test_bad_layouts_are_refused_naming_them():
+    w, _ = _weights(48, 64, False)
+    with pytest.raises(RuntimeError, match=r"parts must divide K \(64\), got 3"):
+        cpu_sgemm.pack_layout(w, 3, 16)
+    with pytest.raises(RuntimeError, match="kc must be >= 1, got 0"):
+        cpu_sgemm.pack_layout(w, 1, 0)
+    with pytest.raises(RuntimeError, match="packed must be pack"):
+        cpu_sgemm.describe(torch.zeros(16))
