@@ -13,7 +13,10 @@ lab / vLLM ratio of the mean schedule+update time per step is printed, then thei
 The trace follows the vLLM comparison in the engine issue: prompts uniform in [32, 512], outputs
 uniform in [16, 256], 4 arrivals per step, max_num_seqs 256, greedy, ignore_eos. The executor is
 `SimExecutor` (no model, zero step time), so the time is the scheduler + KV-cache manager +
-request bookkeeping.
+request bookkeeping. Both sides run as their engine cores do once started: the heap built so
+far frozen out of the cyclic GC (lab's build_core: lab.engine.core.freeze_gc_heap; vLLM's
+EngineCore: vllm.utils.gc_utils.freeze_gc_heap), then the trace; lab's rounds share one
+process, so each unfreezes at its end.
 
 `--sim-running N` measures whole engine steps (LLMEngine.step: schedule, simulated execute,
 update, statistics) per second of wall time under `executor=sim` with N requests admitted and
@@ -36,6 +39,7 @@ from pathlib import Path
 from lab.cache.hashing import make_block_hasher
 from lab.cache.manager import KVCacheManager
 from lab.engine.config import compose_config
+from lab.engine.core import freeze_gc_heap, unfreeze_gc_heap
 from lab.engine.llm_engine import LLMEngine, RequestSpec
 from lab.engine.request import Request
 from lab.executor.sim import SimExecutor
@@ -66,10 +70,23 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     executor = bench_executor()
     hasher = make_block_hasher(args.block_size)
     trace = make_trace(args.requests, args.seed)
+    freeze_gc_heap()  # as build_core leaves an engine core
+    try:
+        times, batch = _drive(sched, executor, hasher, trace, args.arrivals_per_step)
+    finally:
+        unfreeze_gc_heap()
+    return {"steps": len(times), "mean_batch": statistics.mean(batch),
+            "mean_ms": 1e3 * statistics.mean(times), "p50_ms": 1e3 * statistics.median(times),
+            "p99_ms": 1e3 * sorted(times)[int(0.99 * (len(times) - 1))],
+            "total_s": sum(times)}
+
+
+def _drive(sched: Scheduler, executor: SimExecutor, hasher, trace, arrivals_per_step: int):
+    """The trace through the scheduler: seconds of schedule + update and the batch per step."""
     times, batch = [], []
     i = 0
     while i < len(trace) or sched.has_unfinished_requests():
-        for prompt, out_len in trace[i: i + args.arrivals_per_step]:
+        for prompt, out_len in trace[i: i + arrivals_per_step]:
             sp = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
             sched.add_request(Request(str(i), prompt, sp, None, time.perf_counter(),
                                       block_hasher=hasher))
@@ -83,10 +100,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         t3 = time.perf_counter()
         times.append((t1 - t0) + (t3 - t2))
         batch.append(len(out.num_scheduled_tokens))
-    return {"steps": len(times), "mean_batch": statistics.mean(batch),
-            "mean_ms": 1e3 * statistics.mean(times), "p50_ms": 1e3 * statistics.median(times),
-            "p99_ms": 1e3 * sorted(times)[int(0.99 * (len(times) - 1))],
-            "total_s": sum(times)}
+    return times, batch
 
 
 def run_sim_running(n: int, steps: int, prompt_len: int = 32, seed: int = 0) -> dict[str, float]:

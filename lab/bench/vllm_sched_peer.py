@@ -14,11 +14,14 @@ default); the "model" samples token 7 for every scheduled request whose prompt i
 (tokens do not matter to the scheduler). RESULT.json: {"peer", "version", "steps",
 "mean_batch", "mean_ms", "p50_ms", "p99_ms", "total_s"} as lab's bench prints them. The
 model directory only gives vLLM's ModelConfig its architecture (a Hugging Face checkpoint).
+Before the trace the heap is frozen out of the cyclic GC, as vLLM's EngineCore does once it has
+started (its own `freeze_gc_heap`), and as lab's bench does for lab.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -73,11 +76,19 @@ def run(args) -> dict:
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
 
+    try:
+        from vllm.utils.gc_utils import freeze_gc_heap
+    except ImportError:  # a vLLM without it (before 0.11): what it does
+        def freeze_gc_heap():
+            gc.collect()
+            gc.freeze()
+
     with open(args.trace) as f:
         trace = json.load(f)
     sched = make_scheduler(args)
     init_none_hash(sha256)
     hasher = get_request_block_hasher(args.block_size, sha256)
+    freeze_gc_heap()  # as vLLM's EngineCore does once started
     times, batch = [], []
     i = 0
     while i < len(trace) or sched.has_unfinished_requests():

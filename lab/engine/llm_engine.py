@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from lab.cache.hashing import make_block_hasher
 from lab.clock import Clock
 from lab.distributed.config import ParallelConfig
-from lab.engine.core import EngineCore
+from lab.engine.core import EngineCore, freeze_gc_heap
 from lab.engine.knobs import validate_config
 from lab.engine.output_processor import OutputProcessor
 from lab.engine.outputs import RequestOutput
@@ -297,6 +297,7 @@ def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
     core = EngineCore(scheduler, executor, clock=clock.now,
                       block_hasher=make_block_hasher(cfg.block_size),
                       async_scheduling=cfg.async_scheduling)
+    freeze_gc_heap()  # started (weights loaded, warmed up, compiled): what stays is static
     return core, CoreInfo(info, num_blocks, max_model_len,
                           info.bytes_per_block // cfg.block_size, interpreted)
 
