@@ -104,17 +104,27 @@ struct Layout {
   bool balanced;
 };
 
-// blocks of one part of `len` k's: `kc` each and the remainder last, or (balanced) as many as
-// `kc` needs, of equal size rounded up to 16
-std::vector<int64_t> part_blocks(int64_t len, const Layout& l) {
+void check_layout(int64_t k, int64_t parts, int64_t kc) {
+  TORCH_CHECK(parts >= 1 && k % parts == 0, "parts must divide K (", k, "), got ", parts);
+  TORCH_CHECK(kc >= 1, "kc must be >= 1, got ", kc);
+}
+
+// the layout's block bounds over K, per part: part p is [p K/parts, (p+1) K/parts) in blocks of
+// `kc` (the remainder last), or (balanced) as many as `kc` needs, of equal size rounded up to
+// 16; bounds[p] = {lo of block 0, lo of block 1, ..., hi of the last}
+std::vector<std::vector<int64_t>> layout_bounds(int64_t k, const Layout& l) {
+  const int64_t len = k / l.parts;
   int64_t size = l.kc;
   if (l.balanced) {
     const int64_t nb = (len + l.kc - 1) / l.kc;
     size = ((len + nb - 1) / nb + 15) / 16 * 16;
   }
-  std::vector<int64_t> sizes;
-  for (int64_t done = 0; done < len; done += size) sizes.push_back(std::min(size, len - done));
-  return sizes;
+  std::vector<std::vector<int64_t>> out(l.parts);
+  for (int64_t p = 0; p < l.parts; ++p) {
+    for (int64_t lo = p * len; lo < (p + 1) * len; lo += size) out[p].push_back(lo);
+    out[p].push_back((p + 1) * len);
+  }
+  return out;
 }
 
 // the candidate layouts pack() tries, most likely first (what MKL was seen to do at 1 and 2
@@ -202,16 +212,14 @@ PassFn pass_for(int nb, int rows) {
   return pick_nb(nb, rows, std::make_integer_sequence<int, TILE_NB>{});
 }
 
-// one tile of columns [n0, n0 + 16 nb) over all M rows, in the layout's order; out is [M][32]
+// one tile of columns [n0, n0 + 16 nb) over all M rows in the layout's order; out: [M][TILE_COLS]
 void ordered_tile(const float* x, int64_t ldx, int64_t M, const float* w, int64_t K, int nb,
-                  const Layout& l, const std::vector<int64_t>& sizes, const float* bias32,
+                  const std::vector<std::vector<int64_t>>& bounds, const float* bias32,
                   float* out, float* part, float* carry) {
-  const int64_t len = K / l.parts;
-  for (int p = 0; p < l.parts; ++p) {
+  for (size_t p = 0; p < bounds.size(); ++p) {
     float* chain = p == 0 ? out : part;  // part 0 chains in the output, the others beside it
-    int64_t k0 = p * len;
-    for (size_t b = 0; b < sizes.size(); ++b) {
-      const int64_t k1 = k0 + sizes[b];
+    for (size_t b = 0; b + 1 < bounds[p].size(); ++b) {
+      const int64_t k0 = bounds[p][b], k1 = bounds[p][b + 1];
       for (int64_t ks = k0; ks < k1; ks += SUB_K) {
         const int64_t ke = std::min(k1, ks + SUB_K);
         for (int64_t r0 = 0; r0 < M; r0 += TILE_ROWS) {
@@ -221,7 +229,6 @@ void ordered_tile(const float* x, int64_t ldx, int64_t M, const float* w, int64_
              b == 0, p == 0 ? bias32 : nullptr, chain + r0 * TILE_COLS);
         }
       }
-      k0 = k1;
     }
     if (p > 0)
       for (int64_t i = 0; i < M * TILE_COLS; i += COLS)
@@ -233,7 +240,7 @@ void ordered_tile(const float* x, int64_t ldx, int64_t M, const float* w, int64_
 void ordered_gemm(const float* x, int64_t ldx, int64_t M, const float* w, int64_t N, int64_t K,
                   const Layout& l, const float* bias, float* y) {
   const int64_t blocks = (N + COLS - 1) / COLS, tiles = (blocks + TILE_NB - 1) / TILE_NB;
-  const auto sizes = part_blocks(K / l.parts, l);
+  const auto bounds = layout_bounds(K, l);
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> out(M * TILE_COLS), part(M * TILE_COLS), carry(M * TILE_COLS);
     float bias32[TILE_COLS];
@@ -244,8 +251,8 @@ void ordered_gemm(const float* x, int64_t ldx, int64_t M, const float* w, int64_
         std::fill(bias32, bias32 + TILE_COLS, 0.0f);
         std::copy(bias + n0, bias + n0 + cols, bias32);
       }
-      ordered_tile(x, ldx, M, w + (n0 / COLS) * K * COLS, K, nb, l, sizes, bias ? bias32 : nullptr,
-                   out.data(), part.data(), carry.data());
+      ordered_tile(x, ldx, M, w + (n0 / COLS) * K * COLS, K, nb, bounds,
+                   bias ? bias32 : nullptr, out.data(), part.data(), carry.data());
       for (int64_t r = 0; r < M; ++r) std::copy_n(out.data() + r * TILE_COLS, cols, y + r * N + n0);
     }
   });
@@ -283,7 +290,9 @@ void set_layout(at::Tensor& packed, const Layout& l) {
   h->parts = l.parts, h->kc = l.kc, h->balanced = l.balanced;
 }
 
-at::Tensor pack_mkl(const at::Tensor& weight) {
+// W [N, K] -> MKL's packed weight (what pack() falls back to; tests and benchmarks call it too)
+at::Tensor pack_mkl(at::Tensor weight) {
+  check_weight(weight);
   const int n = weight.size(0), k = weight.size(1);
   auto out = at::empty({HEADER + mkl_words(n, k)}, weight.options());
   Header h{MAGIC, MKL, n, k, 0, 0, 0, static_cast<int32_t>(at::get_num_threads())};
@@ -329,19 +338,11 @@ at::Tensor pack(at::Tensor weight) {
   return pack_mkl(weight);
 }
 
-// W [N, K] -> MKL's packed weight whatever the ordered kernel would give (tests, benchmarks)
-at::Tensor pack_mkl_only(at::Tensor weight) {
-  check_weight(weight);
-  return pack_mkl(weight);
-}
-
 // W [N, K] -> the ordered kernel's packed weight in a given layout (tests, benchmarks)
 at::Tensor pack_layout(at::Tensor weight, int64_t parts, int64_t kc, bool balanced) {
   check_weight(weight);
   TORCH_CHECK(HAVE_ORDERED, "lab's ordered fp32 kernel needs AVX-512 (this build has none)");
-  TORCH_CHECK(parts >= 1 && weight.size(1) % parts == 0, "parts must divide K (",
-              weight.size(1), "), got ", parts);
-  TORCH_CHECK(kc >= 1, "kc must be >= 1, got ", kc);
+  check_layout(weight.size(1), parts, kc);
   return pack_ordered(weight, Layout{static_cast<int>(parts), static_cast<int>(kc), balanced});
 }
 
@@ -364,22 +365,16 @@ std::string describe(at::Tensor packed) {
          (h.balanced ? " (balanced)" : "");
 }
 
-// the ordered layout's blocks as (lo, hi) per part, for the PyTorch emulation of its order
+// a layout's block bounds per part (the kernel's, for the PyTorch emulation of its order)
 std::vector<std::vector<int64_t>> layout_blocks(int64_t k, int64_t parts, int64_t kc,
                                                 bool balanced) {
-  TORCH_CHECK(parts >= 1 && k % parts == 0 && kc >= 1, "bad layout");
-  std::vector<std::vector<int64_t>> out;
-  const Layout l{static_cast<int>(parts), static_cast<int>(kc), balanced};
-  for (int64_t p = 0; p < parts; ++p) {
-    std::vector<int64_t> bounds{p * (k / parts)};
-    for (int64_t s : part_blocks(k / parts, l)) bounds.push_back(bounds.back() + s);
-    out.push_back(bounds);
-  }
-  return out;
+  check_layout(k, parts, kc);
+  return layout_bounds(k, Layout{static_cast<int>(parts), static_cast<int>(kc), balanced});
 }
 
 // y = x W^T (+ bias): x [M, K] fp32, packed = pack(W), W the dense weight (from MAX_M rows on)
-at::Tensor gemm(at::Tensor x, at::Tensor packed, at::Tensor weight, std::optional<at::Tensor> bias) {
+at::Tensor gemm(at::Tensor x, at::Tensor packed, at::Tensor weight,
+                std::optional<at::Tensor> bias) {
   check_weight(weight);
   const int64_t N = weight.size(0), K = weight.size(1), M = x.size(0);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kFloat,
@@ -392,20 +387,18 @@ at::Tensor gemm(at::Tensor x, at::Tensor packed, at::Tensor weight, std::optiona
               "bias must be fp32 [N]");
   if (M >= MAX_M) return at::linear(x, weight, bias);
   const float* data = packed.data_ptr<float>() + HEADER;
+  // both kernels read rows lda >= K apart: other layouts (a broadcast row: stride 0) are copied
+  const auto xc = x.stride(1) == 1 && x.stride(0) >= K ? x : x.contiguous();
+  auto y = at::empty({M, N}, x.options());  // a new tensor: never the bias itself (M = 1)
   if (h.kind == ORDERED) {
-    const auto xc = x.stride(1) == 1 && x.stride(0) >= K ? x : x.contiguous();
     const auto bc = bias ? bias->contiguous() : at::Tensor();
-    auto y = at::empty({M, N}, x.options());
-    if (M == 0) return y;
-    ordered_gemm(xc.data_ptr<float>(), xc.stride(0), M, data, N, K,
-                 Layout{h.parts, h.kc, h.balanced != 0}, bias ? bc.data_ptr<float>() : nullptr,
-                 y.data_ptr<float>());
+    if (M > 0)
+      ordered_gemm(xc.data_ptr<float>(), xc.stride(0), M, data, N, K,
+                   Layout{h.parts, h.kc, h.balanced != 0}, bias ? bc.data_ptr<float>() : nullptr,
+                   y.data_ptr<float>());
     return y;
   }
-  // MKL reads rows lda >= K apart: other layouts (a broadcast row: stride 0) are copied first
-  const auto xc = x.stride(1) == 1 && x.stride(0) >= K ? x : x.contiguous();
-  // C starts as the bias and the product is added to it (beta 1), as F.linear's addmm does
-  auto y = at::empty({M, N}, x.options());  // a new tensor: never the bias itself (M = 1)
+  // MKL: C starts as the bias and the product is added to it (beta 1), as F.linear's addmm does
   if (bias) y.copy_(bias->reshape({1, N}).expand({M, N}));
   if (M == 0) return y;
   cblas_sgemm_compute(ROW_MAJOR, NO_TRANS, PACKED, M, N, K, xc.data_ptr<float>(), xc.stride(0),
@@ -424,7 +417,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "W [N, K] fp32 -> the packed weight (ordered where it gives F.linear's "
                        "bits here, else MKL's)");
   m.def("pack_layout", &pack_layout, "W [N, K] fp32 -> the ordered kernel's weight in a layout");
-  m.def("pack_mkl", &pack_mkl_only, "W [N, K] fp32 -> MKL's packed weight");
+  m.def("pack_mkl", &pack_mkl, "W [N, K] fp32 -> MKL's packed weight");
   m.def("describe", &describe, "what a packed weight runs: 'mkl' or the ordered layout");
   m.def("has_ordered", &has_ordered, "whether this build has the ordered kernel (AVX-512)");
   m.def("candidate_layouts", &candidate_layouts, "the layouts pack() tries for a K, in order");
