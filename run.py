@@ -5,7 +5,7 @@
     python run.py -m num_gpu_blocks=32,64,128       # a sweep
 
 The run directory (Hydra's output dir) gets config.yaml (the resolved config + `choices`, the
-option of every group; lab.engine.config.run_config_yaml) and what the loggers write. A run that
+option of every group; lab.config.compose.run_config_yaml) and what the loggers write. A run that
 fails — at the start (a bad knob, model or backend) or midway — gets a summary.json saying so:
 {"status": "failed", "stage": "start" | "run", "error": "..."}; a finished run's summary.json
 (logger jsonl) has "status": "finished".
@@ -25,8 +25,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from lab.engine.config import hydra_choices, run_config_yaml
-from lab.engine.knobs import check_command_line, validate_config
+from lab.config.compose import hydra_choices, run_config_yaml
+from lab.config.knobs import check_command_line, validate_config
 from lab.engine.llm_engine import LLMEngine
 from lab.engine.replay import replay
 from lab.metrics.jsonl import SUMMARY_FILE

@@ -9,9 +9,9 @@ from lab._lazy import lazy_getattr
 _EXPORTS = {
     "LLM": "lab.engine.llm",
     "LLMEngine": "lab.engine.llm_engine",
-    "RequestOutput": "lab.engine.outputs",
-    "CompletionOutput": "lab.engine.outputs",
-    "SamplingParams": "lab.sampling.params",
+    "RequestOutput": "lab.frontend.outputs",
+    "CompletionOutput": "lab.frontend.outputs",
+    "SamplingParams": "lab.core.sampling_params",
 }
 
 __all__ = list(_EXPORTS)

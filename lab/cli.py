@@ -31,7 +31,7 @@ def serve_config(overrides: list[str]):
 
 
 def serve_config_and_choices(overrides: list[str]):
-    from lab.engine.config import compose_with_choices, without_loggers_unless_given
+    from lab.config.compose import compose_with_choices, without_loggers_unless_given
 
     cfg, choices = compose_with_choices(without_loggers_unless_given(overrides))
     chosen = any(o.lstrip("+~").startswith("engine_client=") for o in overrides)
@@ -51,7 +51,7 @@ def start_loggers(cfg, choices: dict[str, str], run_dir: Path) -> list:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from lab.engine.config import run_config_yaml
+    from lab.config.compose import run_config_yaml
 
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values()]
     if loggers:
@@ -86,8 +86,8 @@ def serve(argv: list[str]) -> None:
     import uvicorn
     from omegaconf import OmegaConf
 
+    from lab.config.knobs import check_command_line
     from lab.engine.async_llm import AsyncLLM
-    from lab.engine.knobs import check_command_line
     from lab.metrics.prometheus import model_name_of
     from lab.serve.api_server import build_app
 

@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from lab.cache.hashing import make_block_hasher  # noqa: E402
 from lab.cache.manager import KVCacheManager  # noqa: E402
-from lab.engine.request import Request  # noqa: E402
-from lab.sampling.params import SamplingParams  # noqa: E402
+from lab.core.request import Request  # noqa: E402
+from lab.core.sampling_params import SamplingParams  # noqa: E402
 from lab.scheduler import FCFSQueue, RecomputePreemption, Scheduler, SchedulerConfig  # noqa: E402
-from lab.scheduler.output import ModelRunnerOutput  # noqa: E402
+from lab.core.step import ModelRunnerOutput  # noqa: E402
 from lab.scheduler.preemption import PreemptionStrategy, SwapPreemption  # noqa: E402
 
 VOCAB, BLOCK = 32000, 16

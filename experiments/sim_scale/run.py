@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # the repository root: run as a script from anywhere
 
-from lab.engine.config import compose_config  # noqa: E402
+from lab.config.compose import compose_config  # noqa: E402
 from lab.engine.llm_engine import LLMEngine  # noqa: E402
 from lab.engine.replay import replay  # noqa: E402
 from lab.sim.configs import write_configs  # noqa: E402

@@ -22,10 +22,10 @@ import time
 
 import torch
 
-from lab.engine.config import compose_config
-from lab.engine.llm_engine import worker_config
-from lab.sampling.params import SamplingParams
-from lab.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
+from lab.config.compose import compose_config
+from lab.core.sampling_params import SamplingParams
+from lab.core.step import CachedRequestData, NewRequestData, SchedulerOutput
+from lab.engine.builder import worker_config
 from lab.worker.worker import Worker
 
 

@@ -47,7 +47,7 @@ def model_vocab(model: str) -> int:
     from hydra.utils import instantiate
     from transformers import AutoConfig
 
-    from lab.engine.config import compose_config
+    from lab.config.compose import compose_config
 
     path = instantiate(compose_config([f"model={model}"]).model).path()
     return AutoConfig.from_pretrained(path).vocab_size

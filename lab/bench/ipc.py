@@ -32,8 +32,8 @@ import zmq
 
 from lab import LLM, SamplingParams
 from lab.bench.throughput import make_prompts
-from lab.engine.llm_engine import cpu_threads_for_server_core
-from lab.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from lab.core.protocol import EngineCoreOutputs, EngineCoreRequest
+from lab.engine.builder import cpu_threads_for_server_core
 from lab.engine.serial import MessageCodec
 from lab.models.tiny import ensure_tiny_model, preset_names
 

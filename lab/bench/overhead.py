@@ -38,12 +38,12 @@ from pathlib import Path
 
 from lab.cache.hashing import make_block_hasher
 from lab.cache.manager import KVCacheManager
-from lab.engine.config import compose_config
+from lab.config.compose import compose_config
+from lab.core.request import Request
+from lab.core.sampling_params import SamplingParams
 from lab.engine.core import freeze_gc_heap, unfreeze_gc_heap
 from lab.engine.llm_engine import LLMEngine, RequestSpec
-from lab.engine.request import Request
 from lab.executor.sim import SimExecutor
-from lab.sampling.params import SamplingParams
 from lab.scheduler import FCFSQueue, RecomputePreemption, Scheduler, SchedulerConfig
 from lab.sim.step_time.constant import ConstantStepTime
 from lab.worker.config import WorkerConfig

@@ -591,8 +591,8 @@ def tokenizer_encode(path: Path) -> Callable[[str], list[int]]:
 
 def run_lab(path: Path, cases: Sequence[Case]) -> dict:
     """Every case through lab's offline LLM in this process (fp32, max_logprobs=20)."""
+    from lab.core.sampling_params import SamplingParams
     from lab.engine.llm import LLM
-    from lab.sampling.params import SamplingParams
 
     llm = LLM(model=str(path), dtype="float32", max_logprobs=20)
     results = {}

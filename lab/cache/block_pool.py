@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from lab.cache.block import FreeKVCacheBlockQueue, KVCacheBlock
 
 if TYPE_CHECKING:
-    from lab.engine.request import Request
+    from lab.core.request import Request
 
 
 class BlockHashToBlockMap:

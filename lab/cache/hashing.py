@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lab.engine.request import Request
+    from lab.core.request import Request
 
 DEFAULT_HASH_SEED = "lab.kv-cache.v1"
 # extra_keys_fn(request, start_token, end_token) -> extra keys of the block [start, end) or None.

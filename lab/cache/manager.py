@@ -36,7 +36,7 @@ from lab.cache.dtypes import KV_CACHE_DTYPES
 from lab.cache.swap import SwapSpace, SwapStep
 
 if TYPE_CHECKING:
-    from lab.engine.request import Request
+    from lab.core.request import Request
 
 
 def cdiv(a: int, b: int) -> int:

@@ -36,12 +36,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from lab.core.protocol import CoreStatus
+from lab.core.sampling_params import RequestOutputKind, SamplingParams, as_sampling_params
 from lab.engine.core import EngineDeadError
 from lab.engine.llm_engine import LLMEngine
-from lab.engine.outputs import RequestOutput
-from lab.engine.protocol import CoreStatus
+from lab.frontend.outputs import RequestOutput
 from lab.metrics.base import StatLogger
-from lab.sampling.params import RequestOutputKind, SamplingParams, as_sampling_params
 
 log = logging.getLogger(__name__)
 

@@ -24,13 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lab.engine.protocol import EngineCoreOutput, EngineCoreOutputs
+from lab.core.protocol import EngineCoreOutput, EngineCoreOutputs
+from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.executor.pipeline import StepFuture, StepSkipped
-from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from lab.scheduler.scheduler import StepEvents
 
 if TYPE_CHECKING:
-    from lab.engine.request import Request
+    from lab.core.request import Request
     from lab.executor.base import Executor
     from lab.scheduler.scheduler import Scheduler
 

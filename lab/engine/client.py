@@ -32,16 +32,16 @@ import zmq
 import zmq.asyncio
 from omegaconf import DictConfig, OmegaConf
 
-from lab.engine.core import EngineCore, EngineDeadError
-from lab.engine.core_proc import ABORT, ADD, SHUTDOWN, UTILITY, AbortMessage, run_engine_core
-from lab.engine.protocol import (
+from lab.core.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     UtilityCall,
     UtilityResult,
 )
-from lab.engine.request import FINISH_REASONS, RequestStatus
+from lab.core.request import FINISH_REASONS, RequestStatus
+from lab.engine.core import EngineCore, EngineDeadError
+from lab.engine.core_proc import ABORT, ADD, SHUTDOWN, UTILITY, AbortMessage, run_engine_core
 from lab.engine.serial import MessageCodec
 
 POLL_S = 0.1  # how often a waiting call checks that the core process is alive

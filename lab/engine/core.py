@@ -15,17 +15,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from lab.core.protocol import CoreStatus, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from lab.core.request import Request, RequestStatus
+from lab.core.stats import RequestStats, StepStats
+from lab.core.step import ModelRunnerOutput
 from lab.engine.async_steps import AsyncSteps, InFlightStep
-from lab.engine.protocol import (
-    CoreStatus,
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    EngineCoreRequest,
-)
-from lab.engine.request import Request, RequestStatus
 from lab.executor.base import Executor
-from lab.metrics.stats import RequestStats, StepStats
-from lab.scheduler.output import ModelRunnerOutput
 from lab.scheduler.scheduler import Scheduler, StepEvents
 
 

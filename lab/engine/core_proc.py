@@ -32,16 +32,16 @@ import msgspec
 import zmq
 from omegaconf import OmegaConf
 
-from lab.distributed.launch import watch_parent
-from lab.engine.core import EngineCore
-from lab.engine.protocol import (
+from lab.core.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     UtilityCall,
     UtilityResult,
 )
-from lab.engine.request import RequestStatus
+from lab.core.request import RequestStatus
+from lab.distributed.launch import watch_parent
+from lab.engine.core import EngineCore
 from lab.engine.serial import MessageCodec
 
 ADD, ABORT, SHUTDOWN, UTILITY = b"\x00", b"\x01", b"\x02", b"\x03"
@@ -57,7 +57,7 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready) -> None
     """Process entry: build the core from the composed config, report ready (or the error)
     through the `ready` pipe, then serve until SHUTDOWN and exit at once."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from lab.engine.llm_engine import build_core, set_cpu_threads
+    from lab.engine.builder import build_core, set_cpu_threads
 
     try:
         config = OmegaConf.create(cfg)

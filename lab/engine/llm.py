@@ -16,17 +16,17 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lab.engine.config import (
+from lab.config.compose import (
     CONF_DIR,
     GROUPS,
     compose_config,
     set_knobs,
     without_loggers_unless_given,
 )
+from lab.core.sampling_params import RequestOutputKind, SamplingParams, as_sampling_params
 from lab.engine.llm_engine import LLMEngine, RequestSpec
-from lab.engine.outputs import RequestOutput
+from lab.frontend.outputs import RequestOutput
 from lab.metrics.base import StatLogger
-from lab.sampling.params import RequestOutputKind, SamplingParams, as_sampling_params
 
 Prompt = str | list[int]
 PromptInput = Prompt | dict  # + vLLM's {"prompt": str} and {"prompt_token_ids": [...]}

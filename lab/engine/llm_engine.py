@@ -7,33 +7,27 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import import_module
+from typing import TYPE_CHECKING
 
-import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from lab.cache.hashing import make_block_hasher
 from lab.clock import Clock
-from lab.distributed.config import ParallelConfig
-from lab.engine.core import EngineCore, freeze_gc_heap
-from lab.engine.knobs import validate_config
-from lab.engine.output_processor import OutputProcessor
-from lab.engine.outputs import RequestOutput
-from lab.engine.parallel_sampling import ParentRequest
-from lab.engine.processor import ProcessedRequest, Processor
-from lab.engine.protocol import CoreStatus, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
-from lab.engine.request import RequestStatus
-from lab.executor.base import ModelInfo
+from lab.config.knobs import validate_config
+from lab.core.protocol import CoreStatus, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from lab.core.request import RequestStatus
+from lab.core.sampling_params import SamplingParams
+from lab.core.stats import RequestStats, StepStats
+from lab.engine.builder import build_core, logits_processor_factories, set_cpu_threads
+from lab.engine.core import EngineCore
+from lab.frontend.output_processor import OutputProcessor
+from lab.frontend.outputs import RequestOutput
+from lab.frontend.parallel_sampling import ParentRequest
+from lab.frontend.processor import ProcessedRequest, Processor
+from lab.frontend.tokenizer import load_tokenizer
 from lab.metrics.base import StatLogger
-from lab.metrics.stats import RequestStats, StepStats
-from lab.models.loader import max_positions
-from lab.models.tokenizer import load_tokenizer
-from lab.sampling.params import SamplingParams
-from lab.scheduler.async_scheduler import AsyncScheduler
-from lab.scheduler.scheduler import Scheduler, SchedulerConfig
-from lab.worker.config import WorkerConfig
-from lab.worker.worker import CacheSizing, usable_cpu_cores
+
+if TYPE_CHECKING:
+    from lab.scheduler.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -263,102 +257,6 @@ class LLMEngine:
                     self.core.add_request(request)
 
 
-@dataclass(frozen=True)
-class CoreInfo:
-    """What the frontend learns from the core it built (or that a core process sends back)."""
-
-    model_info: ModelInfo
-    num_blocks: int
-    max_model_len: int
-    kv_bytes_per_token: int
-    triton_interpreted: bool
-
-
-def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
-    """The engine core of a composed config: executor (and its worker), KV cache, scheduler."""
-    wc = worker_config(cfg)
-    executor = instantiate(cfg.executor)(config=wc)
-    interpreted = bool(executor.runs_kernels and uses_triton(wc) and (
-        import_module("lab.kernels").warn_if_interpreted()))
-    clock = executor.clock  # one clock for engine, core and scheduler
-    info = executor.model_info()
-    num_blocks = executor.determine_num_blocks(CacheSizing(
-        cfg.num_gpu_blocks, cfg.gpu_memory_utilization, cfg.cpu_kv_cache_gb))
-    max_model_len = resolve_max_model_len(
-        cfg.max_model_len, info.hf_config, num_blocks, cfg.block_size)
-    kv = instantiate(cfg.cache)(num_blocks=num_blocks, max_model_len=max_model_len,
-                                bytes_per_block=info.bytes_per_block)
-    config = SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, max_model_len,
-                             cfg.long_prefill_token_threshold)
-    scheduler_cls = AsyncScheduler if cfg.async_scheduling else Scheduler
-    scheduler = scheduler_cls(config, kv, instantiate(cfg.scheduler),
-                              instantiate(cfg.preemption), clock=clock.now)
-    executor.initialize_cache(num_blocks, max_model_len, num_swap_blocks(scheduler))
-    core = EngineCore(scheduler, executor, clock=clock.now,
-                      block_hasher=make_block_hasher(cfg.block_size),
-                      async_scheduling=cfg.async_scheduling)
-    freeze_gc_heap()  # started (weights loaded, warmed up, compiled): what stays is static
-    return core, CoreInfo(info, num_blocks, max_model_len,
-                          info.bytes_per_block // cfg.block_size, interpreted)
-
-
-def set_cpu_threads(knob: int | None, engine_client: str) -> None:
-    """torch's CPU threads for the engine core: the `cpu_threads` knob; unset, the core of an
-    async_mp frontend (a server: HTTP, detokenizing while the core steps) leaves it one core,
-    as vLLM-CPU reserves one for its API server — on a small machine, a torch thread that
-    shares its core with the frontend stalls every parallel region of the step — and inproc
-    and mp (whose frontend waits for each step's results) keep torch's default: with one core
-    less, an mp core ran a compute-bound batch at half speed on 2 cores (lab.bench.ipc)."""
-    n = knob if knob is not None else (
-        cpu_threads_for_server_core() if engine_client == "async_mp" else None)
-    if n is not None:
-        torch.set_num_threads(n)
-
-
-def cpu_threads_for_server_core() -> int:
-    return max(1, usable_cpu_cores() - 1)
-
-
-def uses_triton(wc: WorkerConfig) -> bool:
-    """Whether the worker launches Triton kernels: its attention backend or its layer ops say so
-    (a triton_* backend; kernels=triton, or auto on CUDA)."""
-    return wc.attention.uses_triton or wc.kernels.uses_triton
-
-
-def worker_config(cfg: DictConfig) -> WorkerConfig:
-    """The worker's half of a composed engine config."""
-    return WorkerConfig(
-        model_path=instantiate(cfg.model).path(), attention=instantiate(cfg.attention),
-        kernels=instantiate(cfg.kernels), quant=instantiate(cfg.quant), device=cfg.device,
-        dtype=cfg.dtype, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed,
-        kv_cache_dtype=cfg.cache.get("dtype", "auto"),
-        logits_processors=logits_processor_factories(cfg),
-        parallel=ParallelConfig(tensor_parallel_size=cfg.tensor_parallel_size,
-                                backend=cfg.distributed_backend),
-        expert_parallel=cfg.expert_parallel, enable_dbo=cfg.enable_dbo,
-        dbo_decode_token_threshold=cfg.dbo_decode_token_threshold,
-        dbo_prefill_token_threshold=cfg.dbo_prefill_token_threshold,
-        cudagraph_capture_sizes=capture_sizes_knob(cfg), enforce_eager=cfg.enforce_eager,
-        compile=cfg.compile, compile_sizes=compile_sizes_knob(cfg))
-
-
-def compile_sizes_knob(cfg: DictConfig) -> tuple[int, ...] | None:
-    """The compile_sizes knob as a tuple (None: one decode-sized warm-up step)."""
-    sizes = cfg.compile_sizes
-    return None if sizes is None else tuple(int(s) for s in sizes)
-
-
-def capture_sizes_knob(cfg: DictConfig) -> tuple[int, ...] | None:
-    """The cudagraph_capture_sizes knob as a tuple (None: the device's default)."""
-    sizes = cfg.cudagraph_capture_sizes
-    return None if sizes is None else tuple(int(s) for s in sizes)
-
-
-def logits_processor_factories(cfg: DictConfig) -> tuple:
-    """The configured logits processors as factories (Hydra partials), in the listed order."""
-    return tuple(instantiate(c) for c in (cfg.get("logits_processors") or {}).values())
-
 
 @dataclass(frozen=True)
 class RequestSpec:
@@ -372,17 +270,6 @@ class RequestSpec:
     client_id: str | None = None
 
 
-def num_swap_blocks(scheduler: Scheduler) -> int:
-    """CPU blocks the worker must hold: the swap space, when the preemption strategy uses it."""
-    if not scheduler.preemption.uses_swap_space:
-        return 0
-    n = scheduler.kv.num_swap_blocks
-    if n == 0:
-        raise ValueError(f"preemption={scheduler.preemption.name} needs a swap space: set "
-                         "cache.swap_space_gb > 0 (GiB of CPU memory; it holds less than one "
-                         "KV block now)")
-    return n
-
 
 def validate_metadata(priority: object, client_id: object) -> None:
     if not isinstance(priority, int) or isinstance(priority, bool):
@@ -392,28 +279,4 @@ def validate_metadata(priority: object, client_id: object) -> None:
         raise ValueError(f"client_id={client_id!r} is invalid: must be a string or None")
 
 
-def resolve_max_model_len(knob: int | None, hf_config, num_blocks: int, block_size: int) -> int:
-    """The model's context limit, capped by what the KV cache can hold for one request."""
-    model_max = model_context_limit(hf_config)
-    capacity = (num_blocks - 1) * block_size
-    if knob is None:
-        return min(model_max, capacity)
-    if knob > model_max:
-        raise ValueError(f"max_model_len={knob} exceeds the model's context limit {model_max} "
-                         "(max_position_embeddings, or the sliding window, which lab does not "
-                         "apply, so generations stay exact only within it)")
-    if knob > capacity:
-        raise ValueError(f"max_model_len={knob} does not fit in the KV cache ({num_blocks} blocks "
-                         f"of {block_size} tokens hold {capacity}); the largest that fits is "
-                         f"{capacity}: lower max_model_len or add KV blocks")
-    return knob
 
-
-def model_context_limit(hf_config) -> int:
-    """max_position_embeddings, capped by an active sliding window (lab attends to the full
-    context, which equals sliding-window attention only while sequences fit in the window)."""
-    limit = max_positions(hf_config)
-    window = getattr(hf_config, "sliding_window", None)
-    if window and getattr(hf_config, "use_sliding_window", True):
-        limit = min(limit, window)
-    return limit

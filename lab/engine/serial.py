@@ -1,6 +1,6 @@
 """MessagePack encoding of the engine-core messages (msgspec), for a core in another process.
 
-The message types are the plain dataclasses of `lab.engine.protocol` (and what they hold:
+The message types are the plain dataclasses of `lab.core.protocol` (and what they hold:
 SamplingParams, LogprobsLists, RequestStats, StepStats); msgspec encodes dataclasses natively
 and decodes them back into the same types, running their `__post_init__` (so SamplingParams are
 validated again on the receiving side). A decoded message equals the one encoded.
@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import msgspec
 
-from lab.engine.protocol import EngineCoreOutputs, EngineCoreRequest, UtilityCall
+from lab.core.protocol import EngineCoreOutputs, EngineCoreRequest, UtilityCall
 
 T = TypeVar("T")
 

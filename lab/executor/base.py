@@ -13,42 +13,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lab.clock import Clock
+from lab.core.model_info import ModelInfo
 
 if TYPE_CHECKING:
+    from lab.cache.sizing import CacheSizing
+    from lab.core.step import ModelRunnerOutput, SchedulerOutput
     from lab.executor.pipeline import StepFuture
-    from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
-    from lab.worker.worker import CacheSizing
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the engine needs to know about the model its executor runs."""
-
-    hf_config: Any  # transformers PretrainedConfig
-    vocab_size: int
-    eos_token_id: int | None
-    bytes_per_block: int  # KV bytes of one block over all layers (in the cache's dtype)
-    weight_bytes: int  # parameters after quantization
-    tokenizer_path: Path | None  # a directory with the tokenizer; None: token ids only
-
-    @classmethod
-    def of(cls, hf_config: Any, bytes_per_block: int, weight_bytes: int,
-           tokenizer_path: Path | str | None) -> ModelInfo:
-        """Vocabulary and EOS (the first of a list) read from the HF config."""
-        eos = eos_token_ids(hf_config)
-        return cls(hf_config, hf_config.vocab_size, eos[0] if eos else None, bytes_per_block,
-                   weight_bytes, None if tokenizer_path is None else Path(tokenizer_path))
-
-
-def eos_token_ids(hf_config: Any) -> list[int]:
-    """The config's `eos_token_id` as a list (HF allows an int, a list or none)."""
-    eos = getattr(hf_config, "eos_token_id", None)
-    return list(eos) if isinstance(eos, list) else [] if eos is None else [eos]
 
 
 class Executor(ABC):

@@ -20,10 +20,11 @@ from abc import abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lab.executor.base import Executor, ModelInfo
+from lab.core.model_info import ModelInfo
+from lab.executor.base import Executor
 
 if TYPE_CHECKING:
-    from lab.worker.worker import CacheSizing
+    from lab.cache.sizing import CacheSizing
 
 POLL_S = 0.1  # how often a waiting executor checks that every rank is alive
 STARTUP_TIMEOUT_S = 900.0  # loading a big checkpoint on every rank takes a while

@@ -46,6 +46,7 @@ from typing import Any
 
 import zmq
 
+from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.distributed.launch import PRELOAD, mp_context, tcp_init_method, watch_parent
 from lab.executor.base import call_worker
 from lab.executor.distributed import (
@@ -56,7 +57,6 @@ from lab.executor.distributed import (
     rank_failure,
 )
 from lab.executor.pipeline import InOrderSteps, StepFuture
-from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from lab.worker.config import WorkerConfig
 
 RANK_PRELOAD = [*PRELOAD, "lab.worker.worker", "lab.executor.multiproc"]
@@ -84,7 +84,8 @@ def worker_main(config: WorkerConfig, rank: int, init_method: str, input_addr: s
 
 
 def _build_worker(config: WorkerConfig, rank: int, init_method: str, outputs):
-    from lab.worker.worker import Worker, usable_cpu_cores
+    from lab.platform import usable_cpu_cores
+    from lab.worker.worker import Worker
 
     try:  # on a CPU the ranks share this machine's cores
         threads = max(1, usable_cpu_cores() // config.parallel.world_size)

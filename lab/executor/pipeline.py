@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
-from lab.scheduler.output import ModelRunnerOutput
+from lab.core.step import ModelRunnerOutput
 
 T = TypeVar("T")
 

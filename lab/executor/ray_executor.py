@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.distributed.launch import free_port
 from lab.executor.base import call_worker
 from lab.executor.distributed import (
@@ -41,7 +42,6 @@ from lab.executor.distributed import (
     rank_failure,
 )
 from lab.executor.pipeline import InOrderSteps, StepFuture
-from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from lab.worker.config import WorkerConfig
 
 ACTOR_DIED = "(its Ray actor) died"
@@ -121,7 +121,7 @@ class RayExecutor(DistributedExecutor):
         shut down)."""
         from ray.util.placement_group import placement_group
 
-        from lab.worker.worker import resolve_device
+        from lab.platform import resolve_device
 
         self.on_gpu = resolve_device(config.device).type == "cuda"
         resource = {"GPU": 1} if self.on_gpu else {"CPU": 1}

@@ -26,14 +26,15 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.cache.sizing import CacheSizing, cpu_kv_bytes
 from lab.clock import VirtualClock
-from lab.executor.base import Executor, ModelInfo, eos_token_ids
-from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from lab.core.model_info import ModelInfo, eos_token_ids
+from lab.core.step import ModelRunnerOutput, SchedulerOutput
+from lab.executor.base import Executor
 from lab.sim.device import DeviceSpec, device_spec
 from lab.sim.model_shape import QUANT_WEIGHT_BYTES, ModelShape
 from lab.sim.step_time import SimTarget, StepTimeModel
 from lab.worker.config import WorkerConfig
-from lab.worker.worker import CacheSizing, cpu_kv_bytes
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class SimExecutor(Executor):
         """max_num_seqs requests of the model's full context (+ the null block): a simulated
         tiny model on a large GPU would get millions of blocks that no step can use (they
         could only hold more prefix cache), and building their pool takes most of the run."""
-        from lab.engine.llm_engine import model_context_limit
+        from lab.core.model_info import model_context_limit
 
         per_request = -(-model_context_limit(self.hf_config) // self.config.block_size)
         return self.config.max_num_seqs * per_request + 1

@@ -14,11 +14,13 @@ from typing import Any
 
 import torch
 
-from lab.executor.base import Executor, ModelInfo, call_worker
+from lab.cache.sizing import CacheSizing
+from lab.core.model_info import ModelInfo
+from lab.core.step import ModelRunnerOutput, SchedulerOutput
+from lab.executor.base import Executor, call_worker
 from lab.executor.pipeline import StepFuture, ThreadedSteps
-from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from lab.worker.config import WorkerConfig
-from lab.worker.worker import CacheSizing, Worker
+from lab.worker.worker import Worker
 
 
 class UniprocExecutor(Executor):

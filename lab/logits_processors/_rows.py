@@ -14,6 +14,7 @@ from abc import abstractmethod
 
 import torch
 
+from lab.core.sampling_params import SamplingParams
 from lab.logits_processors.base import (
     AddedRequest,
     BatchUpdate,
@@ -21,7 +22,6 @@ from lab.logits_processors.base import (
     LogitsProcessorContext,
     MoveDirectionality,
 )
-from lab.sampling.params import SamplingParams
 
 
 class RowStateLogitsProcessor(LogitsProcessor):

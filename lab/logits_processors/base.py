@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import torch
 
-from lab.sampling.params import SamplingParams
+from lab.core.sampling_params import SamplingParams
 
 
 class MoveDirectionality(enum.Enum):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lab.sampling.params import SamplingParams
+from lab.core.sampling_params import SamplingParams
 
 NEG_INF = float("-inf")
 

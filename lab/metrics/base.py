@@ -15,7 +15,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
-from lab.metrics.stats import RequestStats, RunSummary, StepStats
+from lab.core.stats import RequestStats, StepStats
+from lab.metrics.stats import RunSummary
 
 
 class StatLogger(ABC):

@@ -18,8 +18,9 @@ from rich.console import Console
 from rich.table import Table
 from tqdm.auto import tqdm
 
+from lab.core.stats import RequestStats, StepStats
 from lab.metrics.base import StatLogger
-from lab.metrics.stats import RequestStats, RunSummary, StepStats
+from lab.metrics.stats import RunSummary
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
+from lab.core.stats import RequestStats, StepStats
 from lab.metrics.base import StatLogger
-from lab.metrics.stats import RequestStats, RunSummary, StepStats
+from lab.metrics.stats import RunSummary
 
 STEPS_FILE = "steps.jsonl"
 REQUESTS_FILE = "requests.jsonl"

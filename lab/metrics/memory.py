@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lab.core.stats import RequestStats, StepStats
 from lab.metrics.base import StatLogger
-from lab.metrics.stats import RequestStats, RunSummary, StepStats
+from lab.metrics.stats import RunSummary
 
 
 class InMemoryLogger(StatLogger):

@@ -29,8 +29,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import start_http_server, write_to_textfile
 
+from lab.core.stats import RequestStats, StepStats
 from lab.metrics.base import StatLogger
-from lab.metrics.stats import RequestStats, RunSummary, StepStats
+from lab.metrics.stats import RunSummary
 
 PREFIX = "lab:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,

@@ -39,9 +39,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from lab.engine.config import hydra_choices
+from lab.config.compose import hydra_choices
+from lab.core.stats import RequestStats, StepStats
 from lab.metrics.base import StatLogger
-from lab.metrics.stats import RequestStats, RunSummary, StepStats
+from lab.metrics.stats import RunSummary
 
 log = logging.getLogger(__name__)
 

@@ -32,11 +32,6 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
-def max_positions(hf_config) -> int:
-    """The positions the model was built for (max_position_embeddings; 2048 if the config has
-    none): the longest context a request may take, before any cap the engine adds."""
-    return getattr(hf_config, "max_position_embeddings", None) or 2048
-
 
 def config_dtype(hf_config) -> torch.dtype:
     """The checkpoint's dtype from config (`dtype` or `torch_dtype`), float32 when absent."""

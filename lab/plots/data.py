@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from lab.engine.config import group_choices
+from lab.config.compose import group_choices
 
 REQUIRED = ("steps.jsonl", "requests.jsonl", "summary.json")
 

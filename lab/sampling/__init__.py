@@ -1,7 +1,7 @@
-"""Sampling: parameters (plain Python), metadata and the sampler (torch).
+"""Sampling on the device: the per-step SamplingMetadata and the Sampler (torch). The request's
+parameters, SamplingParams, are shared vocabulary: lab.core.sampling_params.
 
-Names are resolved lazily, so that `lab.sampling.params` (what requests and the scheduler use)
-imports without torch.
+Names are resolved lazily, so importing the package pulls in nothing.
 """
 
 from lab._lazy import lazy_getattr
@@ -9,7 +9,6 @@ from lab._lazy import lazy_getattr
 _EXPORTS = {
     "SamplingMetadata": "lab.sampling.metadata",
     "make_generator": "lab.sampling.metadata",
-    "SamplingParams": "lab.sampling.params",
     "Sampler": "lab.sampling.sampler",
 }
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lab.sampling.params import SamplingParams
+from lab.core.sampling_params import SamplingParams
 
 _INT64_MAX = 2**63 - 1  # the most a top_k row holds (SamplingParams bounds top_k below only)
 

@@ -1,4 +1,4 @@
-from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.scheduler.preemption import PreemptionStrategy, RecomputePreemption, ReservePreemption
 from lab.scheduler.queues import FairQueue, FCFSQueue, PriorityQueue, RequestQueue, SJFQueue
 from lab.scheduler.scheduler import Scheduler, SchedulerConfig

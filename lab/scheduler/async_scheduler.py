@@ -23,7 +23,7 @@ Only the mechanism changes: the queue policy and the preemption strategy are the
 
 from __future__ import annotations
 
-from lab.engine.request import Request, RequestStatus
+from lab.core.request import Request, RequestStatus
 from lab.scheduler.scheduler import Scheduler
 
 

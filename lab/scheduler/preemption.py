@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from lab.cache.block import KVCacheBlock
 from lab.cache.manager import KVCacheManager
-from lab.engine.request import Request, RequestStatus
+from lab.core.request import Request, RequestStatus
 from lab.scheduler.queues import RequestQueue
 
 

@@ -13,7 +13,7 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from typing import Any
 
-from lab.engine.request import Request
+from lab.core.request import Request
 
 
 class RequestQueue(ABC):

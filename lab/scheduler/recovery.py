@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from lab.engine.request import Request, RequestStatus
+from lab.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from lab.cache.manager import KVCacheManager
-    from lab.scheduler.output import SchedulerOutput
+    from lab.core.step import SchedulerOutput
     from lab.scheduler.queues import RequestQueue
 
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from lab.cache.manager import KVCacheManager, KVCacheStats
-from lab.engine.request import Request, RequestStatus
-from lab.scheduler.output import (
+from lab.core.request import Request, RequestStatus
+from lab.core.step import (
     CachedRequestData,
     ModelRunnerOutput,
     NewRequestData,

@@ -25,11 +25,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from lab.core.sampling_params import FIELDS, RequestOutputKind, SamplingParams
 from lab.engine.async_llm import AsyncLLM
 from lab.engine.core import EngineDeadError
-from lab.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from lab.frontend.outputs import CompletionOutput, Logprob, RequestOutput
 from lab.metrics.prometheus import PrometheusLogger
-from lab.sampling.params import FIELDS, RequestOutputKind, SamplingParams
 from lab.serve.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
 

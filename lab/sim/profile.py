@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from lab.engine.config import load_run_config
-from lab.scheduler.output import StepShape
+from lab.config.compose import load_run_config
+from lab.core.step import StepShape
 from lab.sim.step_time.profiled import FEATURES, features, fit
 
 STEPS_FILE = "steps.jsonl"

@@ -35,17 +35,12 @@ import torch
 
 from lab.attention.base import AttentionBackend, KVCache, KVScales
 from lab.cache.block_table import BlockTable
+from lab.core.logprobs import LogprobsLists
+from lab.core.step import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lab.distributed.parallel_state import GroupCoordinator
 from lab.logits_processors.base import LogitsProcessor
-from lab.sampling.logprobs import LogprobsLists
 from lab.sampling.metadata import make_generator
 from lab.sampling.sampler import LogprobsTensors, Sampler
-from lab.scheduler.output import (
-    CachedRequestData,
-    ModelRunnerOutput,
-    NewRequestData,
-    SchedulerOutput,
-)
 from lab.worker.buffers import InputBuffers
 from lab.worker.cudagraph import PaddedDecode, padding_applies
 from lab.worker.inputs import (

@@ -38,13 +38,13 @@ import heapq
 from collections.abc import Sequence
 from typing import Protocol
 
+from lab.core.sampling_params import SamplingParams
 from lab.logits_processors.base import (
     AddedRequest,
     BatchUpdate,
     MoveDirectionality,
     MovedRequest,
 )
-from lab.sampling.params import SamplingParams
 
 
 class RowStore(Protocol):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lab.sampling.params import SamplingParams
+from lab.core.sampling_params import SamplingParams
 
 
 @dataclass

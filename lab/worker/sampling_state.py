@@ -27,8 +27,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from lab.core.sampling_params import SamplingParams
 from lab.sampling.metadata import SamplingMetadata, top_k_value
-from lab.sampling.params import SamplingParams
 from lab.worker.buffers import CpuGpuBuffer
 
 NO_LOGPROBS = -2

@@ -9,8 +9,8 @@ from typing import Protocol
 
 import torch
 
-from lab.sampling.logprobs import LogprobsLists
-from lab.sampling.params import SamplingParams
+from lab.core.logprobs import LogprobsLists
+from lab.core.sampling_params import SamplingParams
 from lab.sampling.sampler import LogprobsTensors, compute_logprobs, gather_logprobs
 
 

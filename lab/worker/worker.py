@@ -11,28 +11,28 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from lab.attention.base import KVCacheSpec, kv_cache_torch_dtype
+from lab.cache.sizing import CacheSizing, cpu_kv_bytes
 from lab.compile import CompileOptions, compile_model, warmup_sizes
+from lab.core.model_info import ModelInfo, eos_token_ids, max_positions
+from lab.core.sampling_params import SamplingParams
+from lab.core.step import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lab.distributed.parallel_state import (
     ParallelState,
     destroy_parallel_state,
     init_parallel_state,
     single_process_state,
 )
-from lab.executor.base import ModelInfo, eos_token_ids
 from lab.layers.ops import LayerOps
 from lab.logits_processors.base import LogitsProcessorContext
-from lab.models.loader import load_model, max_positions, resolve_dtype
+from lab.models.loader import load_model, resolve_dtype
+from lab.platform import rank_device
 from lab.quant.base import weight_bytes
-from lab.sampling.params import SamplingParams
-from lab.scheduler.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lab.worker.config import WorkerConfig
 from lab.worker.cudagraph import resolve_capture_sizes
 from lab.worker.memory import CudaMemory, DeviceMemory, profile_memory
@@ -41,79 +41,6 @@ from lab.worker.swap import BlockSwapper
 
 log = logging.getLogger(__name__)
 
-CPU_AUTO_KV_CAP_GB = 1.0  # cpu_kv_cache_gb=null never takes more than this
-
-
-@dataclass
-class CacheSizing:
-    """How the number of KV blocks is chosen: an explicit count, or a memory budget."""
-
-    num_gpu_blocks: int | None = None
-    gpu_memory_utilization: float = 0.9
-    cpu_kv_cache_gb: float | None = None  # None: room for one request of the model's context
-
-    def __post_init__(self) -> None:
-        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
-            raise ValueError(f"num_gpu_blocks={self.num_gpu_blocks} must be >= 2 (block 0 is null)")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError("gpu_memory_utilization must be in (0, 1]")
-        if self.cpu_kv_cache_gb is not None and self.cpu_kv_cache_gb <= 0:
-            raise ValueError("cpu_kv_cache_gb must be > 0 (or null)")
-
-
-def resolve_device(device: str) -> torch.device:
-    """'auto' picks CUDA when it is available, else the CPU; a CUDA device must exist here."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise ValueError(f"device={device!r} is invalid: use auto, cpu, cuda or cuda:N") from e
-    if dev.type == "cuda":
-        check_cuda_device(device, dev.index)
-    return dev
-
-
-def check_cuda_device(device: str, index: int | None) -> None:
-    """Refuse a CUDA device this machine does not have, saying how to run on the CPU."""
-    if not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} is invalid: CUDA is unavailable on this machine "
-                         "(no GPU, or torch built without CUDA); use device=cpu, or device=auto "
-                         "to take CUDA when there is one and the CPU otherwise")
-    count = torch.cuda.device_count()
-    if index is not None and index >= count:
-        raise ValueError(f"device={device!r} is invalid: this machine has {count} CUDA "
-                         f"device(s), cuda:0 .. cuda:{count - 1}")
-
-
-def cpu_kv_bytes(
-    cpu_kv_cache_gb: float | None, hf_config, block_size: int, bytes_per_block: int,
-) -> int:
-    """KV-cache bytes on a CPU: `cpu_kv_cache_gb` GiB; null: the smallest cache that admits any
-    request the model takes (max_position_embeddings tokens + the null block), at most
-    CPU_AUTO_KV_CAP_GB. The embedded tiny models (2048 positions) get 129 blocks of 16 tokens,
-    so the default workload, whose requests together want more, preempts. The real CPU worker
-    and the simulator (`executor=sim sim.device=cpu`) both size their cache with it."""
-    if cpu_kv_cache_gb is not None:
-        return int(cpu_kv_cache_gb * 2**30)
-    blocks = -(-max_positions(hf_config) // block_size) + 1
-    return min(blocks * bytes_per_block, int(CPU_AUTO_KV_CAP_GB * 2**30))
-
-
-def usable_cpu_cores() -> int:
-    """The CPU cores this process may run on (its affinity where the OS tells it)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return cores or 1
-
-
-def rank_device(device: str, rank: int, world_size: int) -> torch.device:
-    """The device of one rank: the CPU, or on CUDA (`auto`/`cuda` without an index) the GPU of
-    index rank modulo the visible GPUs (always with an index: torch.cuda.set_device refuses a
-    bare "cuda" on some torch versions, and tensors report theirs with one)."""
-    dev = resolve_device(device)
-    if dev.type != "cuda" or dev.index is not None:
-        return dev
-    return torch.device("cuda", rank % torch.cuda.device_count() if world_size > 1 else 0)
 
 
 class Worker:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from lab.sampling.params import SamplingParams
+from lab.core.sampling_params import SamplingParams
 
 
 @dataclass

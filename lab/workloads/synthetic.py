@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from lab.sampling.params import SamplingParams
+from lab.core.sampling_params import SamplingParams
 from lab.workloads.base import Workload, WorkloadRequest
 from lab.workloads.distributions import (
     LengthDist,

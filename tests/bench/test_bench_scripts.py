@@ -87,7 +87,7 @@ def test_ipc_bench_times_the_steps_an_inproc_core_returned():
     pair unchanged (checked inside) and get a positive time each."""
     from lab import LLM, SamplingParams
     from lab.bench.ipc import capture_requests, capture_steps, time_crossings
-    from lab.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+    from lab.core.protocol import EngineCoreOutputs, EngineCoreRequest
 
     llm = LLM("tiny_llama", dtype="float32", device="cpu")
     steps, requests = capture_steps(llm), capture_requests(llm)

@@ -3,8 +3,8 @@
 import pytest
 
 from lab.cache import BlockPool, make_block_hasher
-from lab.engine.request import Request
-from lab.sampling.params import SamplingParams
+from lab.core.request import Request
+from lab.core.sampling_params import SamplingParams
 
 BS = 2
 

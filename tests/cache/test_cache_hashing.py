@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lab.cache import ROOT_HASH, encode_value, hash_block_tokens, make_block_hasher, make_root_hash
-from lab.engine.request import Request
-from lab.sampling.params import SamplingParams
+from lab.core.request import Request
+from lab.core.sampling_params import SamplingParams
 
 BS = 4
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,8 +86,8 @@ def test_encoding_is_injective_on_tricky_values() -> None:
 
 
 _CHILD = (
-    "from lab.cache import make_block_hasher; from lab.engine.request import Request; "
-    "from lab.sampling.params import SamplingParams; "
+    "from lab.cache import make_block_hasher; from lab.core.request import Request; "
+    "from lab.core.sampling_params import SamplingParams; "
     "r = Request('x', list(range(37)), SamplingParams(), None, 0.0, "
     "block_hasher=make_block_hasher(4, lambda r, lo, hi: ('salt', lo, 1.5, b'\\x00')));"
     "print(','.join(h.hex() for h in r.block_hashes))"

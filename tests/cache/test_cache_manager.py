@@ -3,8 +3,8 @@
 import pytest
 
 from lab.cache import KVCacheManager, make_block_hasher
-from lab.engine.request import Request
-from lab.sampling.params import SamplingParams
+from lab.core.request import Request
+from lab.core.sampling_params import SamplingParams
 from tests.cache.snapshots import snapshot
 
 BS = 4

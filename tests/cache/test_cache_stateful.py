@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from lab.cache import KVCacheManager, make_block_hasher
-from lab.engine.request import Request
-from lab.sampling.params import SamplingParams
+from lab.core.request import Request
+from lab.core.sampling_params import SamplingParams
 from tests.cache.snapshots import snapshot
 
 BS, NUM_BLOCKS, MAX_LEN = 2, 8, 16

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lab import LLM, SamplingParams
-from lab.metrics.stats import StepStats
+from lab.core.stats import StepStats
 from lab.models.tiny import ensure_tiny_model
 
 MAX_TOKENS = 24

@@ -8,7 +8,7 @@ from hydra.errors import ConfigCompositionException, InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from lab.engine.config import CONF_DIR, GROUPS, compose_config, set_knobs
+from lab.config.compose import CONF_DIR, GROUPS, compose_config, set_knobs
 from lab.logits_processors.base import LogitsProcessor, LogitsProcessorContext
 from lab.metrics.base import StatLogger
 from tests.options import options

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from lab.engine.config import compose_config
+from lab.config.compose import compose_config
 from lab.engine.llm_engine import LLMEngine
 from lab.workloads.synthetic import (
     DEFAULT_NUM_REQUESTS,

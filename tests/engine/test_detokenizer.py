@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lab.engine.detokenizer import (
+from lab.core.sampling_params import SamplingParams
+from lab.frontend.detokenizer import (
     FastIncrementalDetokenizer,
     IncrementalDetokenizer,
     SlowIncrementalDetokenizer,
@@ -25,7 +26,6 @@ from lab.engine.detokenizer import (
     decode_logprob_token,
     decode_logprob_tokens,
 )
-from lab.sampling.params import SamplingParams
 
 # Units texts are built from: ASCII words and whitespace, multi-byte characters (emoji incl. a
 # skin-tone modifier sequence, CJK, accented letters) that byte-level BPE splits over tokens.
@@ -39,8 +39,8 @@ BACKENDS = ["fast", "slow"]
 @pytest.fixture(scope="module")
 def tok():
     """tiny_llama's tokenizer (a fresh copy) with two non-special added tokens."""
+    from lab.frontend.tokenizer import load_tokenizer
     from lab.models.tiny import ensure_tiny_model
-    from lab.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(ensure_tiny_model("tiny_llama"))
     tokenizer.hf.add_tokens(EXTRA)
@@ -196,7 +196,7 @@ def test_decode_stream_without_ids_argument(tok, monkeypatch):
     """tokenizers before 0.22 have no DecodeStream(ids=...): the prompt primes it by steps."""
     from tokenizers.decoders import DecodeStream
 
-    import lab.engine.detokenizer as mod
+    import lab.frontend.detokenizer as mod
 
     def old_stream(skip_special_tokens=False, **kwargs):
         if kwargs:

@@ -182,7 +182,7 @@ def test_cpu_threads_default_leaves_a_core_only_to_a_server():
     the knob wins over both."""
     import torch
 
-    from lab.engine.llm_engine import cpu_threads_for_server_core, set_cpu_threads
+    from lab.engine.builder import cpu_threads_for_server_core, set_cpu_threads
 
     default = torch.get_num_threads()
     try:

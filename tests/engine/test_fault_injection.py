@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from lab.core.request import RequestStatus
+from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.engine.core import EngineCore
-from lab.engine.request import RequestStatus
-from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from tests.options import CONF_DIR, options
 from tests.scheduler.fakes import (
     ModelFreeExecutor,

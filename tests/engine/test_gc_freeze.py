@@ -5,9 +5,9 @@ dropped in-process can be collected."""
 
 import gc
 
-from lab.engine.config import compose_config
+from lab.config.compose import compose_config
+from lab.core.sampling_params import SamplingParams
 from lab.engine.llm_engine import LLMEngine
-from lab.sampling.params import SamplingParams
 
 
 def _engine() -> LLMEngine:

@@ -1,14 +1,14 @@
 """Every engine knob is checked where the config is composed, with a message naming the knob and
-its allowed values; unknown keys are refused with the list of knobs (lab/engine/knobs.py)."""
+its allowed values; unknown keys are refused with the list of knobs (lab/config/knobs.py)."""
 
 import pytest
 import torch
 from hydra.utils import get_class
 
-from lab.engine.config import compose_config
-from lab.engine.knobs import KNOBS, declared_knobs, validate_config
+from lab.config.compose import compose_config
+from lab.config.knobs import KNOBS, declared_knobs, validate_config
 from lab.engine.llm_engine import LLMEngine
-from lab.worker.worker import resolve_device
+from lab.platform import resolve_device
 from tests.options import options
 
 BAD = [  # (override, the allowed values the message states)
@@ -107,7 +107,7 @@ def test_a_cuda_index_past_the_devices_is_refused(monkeypatch):
 def test_a_rank_device_on_cuda_always_has_an_index(monkeypatch):
     """torch 2.11's torch.cuda.set_device refuses a bare 'cuda' (every CUDA engine failed to
     start on the H200): a rank's device carries its index, rank modulo the visible GPUs."""
-    from lab.worker.worker import rank_device
+    from lab.platform import rank_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

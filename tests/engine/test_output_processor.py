@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import pytest
 
-from lab.engine.output_processor import OutputProcessor
-from lab.engine.protocol import EngineCoreOutput
-from lab.sampling.logprobs import LogprobsLists
-from lab.sampling.params import RequestOutputKind, SamplingParams
+from lab.core.logprobs import LogprobsLists
+from lab.core.protocol import EngineCoreOutput
+from lab.core.sampling_params import RequestOutputKind, SamplingParams
+from lab.frontend.output_processor import OutputProcessor
 
 
 @pytest.fixture(scope="module")
 def tok():
+    from lab.frontend.tokenizer import load_tokenizer
     from lab.models.tiny import ensure_tiny_model
-    from lab.models.tokenizer import load_tokenizer
 
     return load_tokenizer(ensure_tiny_model("tiny_llama"))
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lab import LLM, SamplingParams
-from lab.engine.config import CONF_DIR
+from lab.config.compose import CONF_DIR
 
 SCHEDULERS = sorted(p.stem for p in (CONF_DIR / "scheduler").glob("*.yaml"))
 PREEMPTIONS = sorted(p.stem for p in (CONF_DIR / "preemption").glob("*.yaml"))

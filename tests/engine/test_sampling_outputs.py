@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lab import LLM, SamplingParams
-from lab.sampling.params import RequestOutputKind
+from lab.core.sampling_params import RequestOutputKind
 
 KNOBS = dict(attention="torch", num_gpu_blocks=96, block_size=4, max_model_len=128)
 PROMPT = [5, 17, 33, 60, 71, 90, 102, 3, 44, 48, 9]

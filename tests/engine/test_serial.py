@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lab.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from lab.core.logprobs import LogprobsLists
+from lab.core.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from lab.core.sampling_params import RequestOutputKind, SamplingParams
+from lab.core.stats import RequestStats, StepStats
 from lab.engine.serial import MessageCodec
-from lab.metrics.stats import RequestStats, StepStats
-from lab.sampling.logprobs import LogprobsLists
-from lab.sampling.params import RequestOutputKind, SamplingParams
 
 codec = MessageCodec()
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from lab.metrics.stats import SLO, RequestStats, summarize
+from lab.core.stats import RequestStats
+from lab.metrics.stats import SLO, summarize
 
 
 def _req(rid, ttft, tpot, e2e, reason="length"):
@@ -52,7 +53,7 @@ def test_slo_from_config():
 
 
 def test_default_config_has_slo_block():
-    from lab.engine.config import compose_config
+    from lab.config.compose import compose_config
 
     cfg = compose_config(["slo.e2e_s=5"])
     assert SLO.from_config(cfg.slo) == SLO(ttft_s=None, tpot_s=None, e2e_s=5)  # others off

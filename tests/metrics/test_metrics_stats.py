@@ -2,9 +2,10 @@
 
 import pytest
 
-from lab.engine.request import Request, RequestStatus
-from lab.metrics.stats import RequestStats, RunSummary, StepStats, summarize
-from lab.sampling.params import SamplingParams
+from lab.core.request import Request, RequestStatus
+from lab.core.sampling_params import SamplingParams
+from lab.core.stats import RequestStats, StepStats
+from lab.metrics.stats import RunSummary, summarize
 
 
 def _req(i: int, ttft: float, tpot: float | None, itl: list[float], e2e: float, **kw) -> RequestStats:

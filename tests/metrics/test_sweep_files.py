@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.engine.config import compose_config
+from lab.config.compose import compose_config
 
 SWEEPS = Path(__file__).resolve().parents[2] / "experiments" / "sweeps"
 FILES = sorted(SWEEPS.glob("*.yaml"))

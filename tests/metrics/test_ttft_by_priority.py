@@ -4,8 +4,9 @@ import json
 
 from rich.console import Console
 
+from lab.core.stats import RequestStats
 from lab.metrics.console import summary_table
-from lab.metrics.stats import SLO, RequestStats, summarize
+from lab.metrics.stats import SLO, summarize
 
 
 def _req(i: int, priority: int, ttft: float | None) -> RequestStats:

@@ -141,7 +141,7 @@ def test_resolve_mode(tmp_path):
 
 def test_wandb_imported_only_when_used():
     code = ("import sys, lab.metrics, lab.metrics.wandb_logger as w; w.WandbLogger(); "
-            "from lab.engine.config import compose_config; "
+            "from lab.config.compose import compose_config; "
             "compose_config(['logger=[console,jsonl,prometheus,wandb]']); "
             "print('wandb' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

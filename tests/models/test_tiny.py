@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
+from lab.frontend.tokenizer import load_tokenizer
 from lab.models.loader import load_model
 from lab.models.source import HFModelSource, TinyModelSource
 from lab.models.tiny import (
@@ -18,7 +19,6 @@ from lab.models.tiny import (
     preset_hash,
     preset_names,
 )
-from lab.models.tokenizer import load_tokenizer
 from tests.models.conftest import DenseCausalBackend, run_model
 from tests.options import build, tiny_models
 

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from lab.attention.base import AttentionBackend, AttentionSpec, KVCacheSpec
+from lab.frontend.tokenizer import load_tokenizer
 from lab.layers.ops import TorchOps
 from lab.models.loader import load_model
 from lab.models.tiny import ensure_tiny_model
-from lab.models.tokenizer import load_tokenizer
 
 PROMPTS = (
     "The quick brown fox jumps over the lazy dog and keeps on running",

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lab.core.sampling_params import SamplingParams
 from lab.engine.llm import LLM
 from lab.layers.linear import Linear
-from lab.sampling.params import SamplingParams
 from tests.options import build, options
 from tests.quant.conftest import load, logits_of, tiny
 

@@ -10,7 +10,7 @@ import torch
 from hydra.utils import instantiate
 
 from lab.attention.torch_backend import TorchAttentionBackend
-from lab.engine.config import compose_config
+from lab.config.compose import compose_config
 from lab.layers.linear import Linear, MergedLinear, QKVLinear, UnquantizedLinearMethod
 from lab.layers.ops import TorchOps
 from lab.quant.base import QuantConfig

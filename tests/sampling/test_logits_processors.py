@@ -8,10 +8,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lab.core.sampling_params import SamplingParams
 from lab.logits_processors import BUILTINS
 from lab.logits_processors.base import LogitsProcessorContext
 from lab.logits_processors.reference import apply_reference
-from lab.sampling.params import SamplingParams
 from lab.worker.persistent_batch import PersistentBatch
 from tests.options import build, options
 

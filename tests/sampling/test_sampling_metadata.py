@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from lab.sampling import SamplingMetadata, SamplingParams, make_generator
+from lab.core.sampling_params import SamplingParams
+from lab.sampling import SamplingMetadata, make_generator
 
 
 def test_all_greedy_flags() -> None:

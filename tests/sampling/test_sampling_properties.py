@@ -9,7 +9,8 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from lab.sampling import Sampler, SamplingMetadata, SamplingParams
+from lab.core.sampling_params import SamplingParams
+from lab.sampling import Sampler, SamplingMetadata
 
 V = 32
 REPEATS = 16

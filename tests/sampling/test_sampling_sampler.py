@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from lab.sampling import Sampler, SamplingMetadata, SamplingParams, make_generator
+from lab.core.sampling_params import SamplingParams
+from lab.sampling import Sampler, SamplingMetadata, make_generator
 from lab.sampling.sampler import apply_min_p, apply_top_k, apply_top_p
 
 sampler = Sampler()

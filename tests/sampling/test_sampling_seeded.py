@@ -2,7 +2,8 @@
 
 import torch
 
-from lab.sampling import Sampler, SamplingMetadata, SamplingParams, make_generator
+from lab.core.sampling_params import SamplingParams
+from lab.sampling import Sampler, SamplingMetadata, make_generator
 
 V = 64
 STEPS = 12

@@ -7,11 +7,11 @@ import itertools
 from lab.cache.hashing import make_block_hasher
 from lab.cache.manager import KVCacheManager
 from lab.cache.swap import SwapSpace
-from lab.engine.request import Request
+from lab.core.request import Request
+from lab.core.sampling_params import SamplingParams
+from lab.core.step import SchedulerOutput
 from lab.executor.base import Executor
-from lab.sampling.params import SamplingParams
 from lab.scheduler import FCFSQueue, ModelRunnerOutput, RecomputePreemption, Scheduler
-from lab.scheduler.output import SchedulerOutput
 from lab.scheduler.scheduler import SchedulerConfig
 
 VOCAB = 50
@@ -122,7 +122,7 @@ def expected_output(prompt: list[int], max_tokens: int) -> list[int]:
 
 def check_all_finished(sched: Scheduler, reqs, aborted: set[str], max_model_len: int) -> None:
     """Run to completion, then check_outcomes with the aborted requests ABORTED."""
-    from lab.engine.request import RequestStatus
+    from lab.core.request import RequestStatus
 
     run_to_completion(sched)
     check_outcomes(sched, reqs, dict.fromkeys(aborted, RequestStatus.FINISHED_ABORTED),

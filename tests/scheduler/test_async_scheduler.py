@@ -26,13 +26,13 @@ from hypothesis import strategies as st
 from lab.cache.hashing import make_block_hasher
 from lab.cache.manager import KVCacheManager
 from lab.cache.swap import SwapSpace
+from lab.core.protocol import EngineCoreRequest
+from lab.core.sampling_params import SamplingParams
+from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.engine.core import EngineCore, EngineStuckError
-from lab.engine.protocol import EngineCoreRequest
 from lab.executor.pipeline import StepSkipped, ThreadedSteps
-from lab.sampling.params import SamplingParams
 from lab.scheduler import FCFSQueue, PriorityQueue, RecomputePreemption
 from lab.scheduler.async_scheduler import AsyncScheduler
-from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from lab.scheduler.preemption import SwapPreemption
 from lab.scheduler.scheduler import Scheduler, SchedulerConfig
 from tests.scheduler.fakes import ModelFreeExecutor

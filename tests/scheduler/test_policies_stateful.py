@@ -13,7 +13,7 @@ model's exact tokens (unless aborted), every device block is free and the swap s
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from lab.engine.request import RequestStatus
+from lab.core.request import RequestStatus
 from tests.options import build, options
 from tests.scheduler.fakes import (
     check_all_finished,

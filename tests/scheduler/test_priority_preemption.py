@@ -1,7 +1,7 @@
 """Priority preempts for admission (when max_num_seqs or blocks are the limit); reserve never
 preempts; a request admitted and preempted in the same step is simply put back."""
 
-from lab.engine.request import RequestStatus
+from lab.core.request import RequestStatus
 from lab.scheduler.preemption import ReservePreemption
 from lab.scheduler.queues import PriorityQueue
 from tests.scheduler.fakes import (

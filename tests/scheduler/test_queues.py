@@ -3,8 +3,8 @@
 import pytest
 
 from lab.cache.hashing import make_block_hasher
-from lab.engine.request import Request
-from lab.sampling.params import SamplingParams
+from lab.core.request import Request
+from lab.core.sampling_params import SamplingParams
 from lab.scheduler.queues import FairQueue, FCFSQueue, PriorityQueue, RequestQueue, SJFQueue
 from tests.options import build, options
 from tests.scheduler.fakes import (

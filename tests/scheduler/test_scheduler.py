@@ -2,7 +2,7 @@
 
 import pytest
 
-from lab.engine.request import RequestStatus
+from lab.core.request import RequestStatus
 from tests.scheduler.fakes import (
     expected_output,
     fake_execute,

@@ -7,8 +7,8 @@ import pytest
 from lab.cache.hashing import make_block_hasher
 from lab.cache.manager import KVCacheManager
 from lab.cache.swap import SwapSpace
-from lab.engine.request import Request, RequestStatus
-from lab.sampling.params import SamplingParams
+from lab.core.request import Request, RequestStatus
+from lab.core.sampling_params import SamplingParams
 from lab.scheduler.preemption import SwapPreemption
 from tests.scheduler.fakes import (
     EOS,

@@ -6,8 +6,8 @@ test_api_server.py and test_fuzz_bodies.py: every test there runs over both clie
 import httpx
 import pytest
 
+from lab.config.compose import compose_config
 from lab.engine.async_llm import AsyncLLM
-from lab.engine.config import compose_config
 from lab.engine.llm import LLM
 from lab.serve.api_server import build_app
 from tests.serve.uvicorn_thread import serving

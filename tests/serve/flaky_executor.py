@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
+from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.executor.uniproc import UniprocExecutor
-from lab.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from lab.worker.config import WorkerConfig
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from lab.sampling.params import SamplingParams
+from lab.core.sampling_params import SamplingParams
 from tests.serve.uvicorn_thread import wait_idle
 
 PROMPT = "The quick brown fox"

@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
+from lab.config.compose import compose_config
+from lab.core.sampling_params import RequestOutputKind, SamplingParams
 from lab.engine.async_llm import AsyncLLM, EngineStepError
-from lab.engine.config import compose_config
 from lab.engine.core import EngineDeadError
 from lab.engine.llm import LLM
-from lab.sampling.params import RequestOutputKind, SamplingParams
 
 KW = dict(attention="torch", num_gpu_blocks=64, block_size=4, max_model_len=128)
 CLIENTS = ["inproc", "async_mp"]

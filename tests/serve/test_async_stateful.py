@@ -37,11 +37,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from lab.config.compose import compose_config
+from lab.core.sampling_params import RequestOutputKind, SamplingParams
 from lab.engine.async_llm import AsyncLLM
-from lab.engine.config import compose_config
 from lab.engine.llm import LLM
 from lab.metrics.memory import InMemoryLogger
-from lab.sampling.params import RequestOutputKind, SamplingParams
 
 MAX_NUM_SEQS = 4
 ENGINE = ["model=tiny_llama", "logger=[]", "engine_client=async_mp", "attention=torch",

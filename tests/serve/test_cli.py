@@ -37,8 +37,8 @@ def test_serve_loggers_record_the_live_steps(tmp_path):
     import json
 
     from lab.cli import close_loggers, serve_config_and_choices, start_loggers
+    from lab.core.sampling_params import SamplingParams
     from lab.engine.async_llm import AsyncLLM
-    from lab.sampling.params import SamplingParams
 
     cfg, choices = serve_config_and_choices(["model=tiny_llama", "attention=torch",
                                              "num_gpu_blocks=32", "logger=[jsonl]"])

@@ -13,10 +13,10 @@ import time
 import httpx
 import pytest
 
+from lab.config.compose import compose_config
+from lab.core.sampling_params import SamplingParams
 from lab.engine.async_llm import AsyncLLM
-from lab.engine.config import compose_config
 from lab.engine.llm import LLM
-from lab.sampling.params import SamplingParams
 from lab.serve.api_server import build_app
 from tests.serve.uvicorn_thread import serving, wait_idle
 

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import open_dict
 
 from lab.clock import VirtualClock
-from lab.engine.config import compose_config
+from lab.config.compose import compose_config
 from lab.engine.llm_engine import LLMEngine
 from lab.engine.replay import replay
 from lab.executor.uniproc import UniprocExecutor

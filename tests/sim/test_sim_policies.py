@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lab.engine.config import compose_config
+from lab.config.compose import compose_config
+from lab.core.sampling_params import SamplingParams
 from lab.engine.llm_engine import LLMEngine
 from lab.engine.replay import replay
-from lab.sampling.params import SamplingParams
 from lab.workloads.base import WorkloadRequest
 from tests.options import options
 

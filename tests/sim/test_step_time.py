@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from lab.scheduler.output import StepShape
+from lab.core.step import StepShape
 from lab.sim import profile
 from lab.sim.device import DeviceSpec
 from lab.sim.model_shape import ModelShape

@@ -12,10 +12,10 @@ from lab.attention.base import CudaGraphSupport
 from lab.attention.torch_backend import TorchAttentionBackend
 from lab.attention.triton_flash import TritonFlashBackend
 from lab.attention.triton_mla import TritonMLABackend
-from lab.engine.config import compose_config
-from lab.engine.knobs import validate_config
-from lab.engine.llm_engine import worker_config
-from lab.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
+from lab.config.compose import compose_config
+from lab.config.knobs import validate_config
+from lab.core.step import CachedRequestData, NewRequestData, SchedulerOutput
+from lab.engine.builder import worker_config
 from lab.worker import model_runner
 from lab.worker.cudagraph import PaddedDecode, default_capture_sizes, resolve_capture_sizes
 from lab.worker.worker import Worker

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from lab.engine.config import compose_config
-from lab.engine.llm_engine import worker_config
+from lab.cache.sizing import CacheSizing
+from lab.config.compose import compose_config
+from lab.engine.builder import worker_config
 from lab.worker.memory import DeviceMemory, MemoryProfile
-from lab.worker.worker import CacheSizing, Worker
+from lab.worker.worker import Worker
 
 MIB = 2**20
 

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lab.core.sampling_params import SamplingParams
 from lab.logits_processors.base import MoveDirectionality as Dir
 from lab.logits_processors.base import MovedRequest
-from lab.sampling.params import SamplingParams
 from lab.worker.persistent_batch import PersistentBatch
 
 P = SamplingParams()

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lab.core.sampling_params import SamplingParams
 from lab.sampling.metadata import SamplingMetadata, make_generator
-from lab.sampling.params import SamplingParams
 from lab.worker.inputs import InputRows
 from lab.worker.persistent_batch import ObjectRows, PersistentBatch
 from lab.worker.sampling_state import SamplingRows

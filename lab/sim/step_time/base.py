@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from lab.scheduler.output import StepShape
+from lab.core.step import StepShape
 from lab.sim.device import DeviceSpec
 from lab.sim.model_shape import ModelShape
 

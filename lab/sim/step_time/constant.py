@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lab.scheduler.output import StepShape
+from lab.core.step import StepShape
 from lab.sim.step_time.base import StepTimeModel
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from lab.scheduler.output import StepShape
+from lab.core.step import StepShape
 from lab.sim.step_time.base import StepTimeModel
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ sum(c) = (pairs - R q (q + 1) / 2) / q, and the chunks read sum(c) + P keys.
 
 from __future__ import annotations
 
-from lab.scheduler.output import StepShape
+from lab.core.step import StepShape
 from lab.sim.step_time.base import SimTarget, StepTimeModel
 
 

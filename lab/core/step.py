@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lab.sampling.logprobs import LogprobsLists
-from lab.sampling.params import SamplingParams
+from lab.core.logprobs import LogprobsLists
+from lab.core.sampling_params import SamplingParams
 
 
 @dataclass

@@ -7,7 +7,7 @@ ValueError naming the field and what is allowed) and cannot change afterwards;
 `dataclasses.replace(params, temperature=0.5)` makes a validated copy. The engine validates
 again where a request enters it (`as_sampling_params`, which also accepts a plain dict of
 fields, as vLLM users write them) and checks what depends on the model there (vocabulary ids,
-`logprobs` against `max_logprobs`, `bad_words` that tokenize: `lab.engine.processor`).
+`logprobs` against `max_logprobs`, `bad_words` that tokenize: `lab.frontend.processor`).
 
 Lists are stored as tuples (so the params stay immutable); `logit_bias` as a dict copy with int
 keys (JSON gives string keys; they are converted, as vLLM's server does).

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lab.engine.detokenizer import IncrementalDetokenizer, decode_logprob_tokens
-from lab.engine.outputs import (
+from lab.core.protocol import EngineCoreOutput
+from lab.core.sampling_params import RequestOutputKind, SamplingParams
+from lab.frontend.detokenizer import IncrementalDetokenizer, decode_logprob_tokens
+from lab.frontend.outputs import (
     CompletionOutput,
     Logprob,
     PromptLogprobs,
     RequestOutput,
     SampleLogprobs,
 )
-from lab.engine.parallel_sampling import ParentRequest
-from lab.engine.protocol import EngineCoreOutput
-from lab.models.tokenizer import Tokenizer
-from lab.sampling.params import RequestOutputKind, SamplingParams
+from lab.frontend.parallel_sampling import ParentRequest
+from lab.frontend.tokenizer import Tokenizer
 
 # Preceding positions whose own tokens complete a logprob entry's partial character (vLLM: 4).
 _LOGPROB_CONTEXT = 4

@@ -13,7 +13,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from lab.sampling.params import SamplingParams
+from lab.core.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lab.metrics.stats import RequestStats, StepStats
-from lab.sampling.logprobs import LogprobsLists
-from lab.sampling.params import SamplingParams
+from lab.core.logprobs import LogprobsLists
+from lab.core.sampling_params import SamplingParams
+from lab.core.stats import RequestStats, StepStats
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,13 @@ from typing import Any
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from lab.distributed.config import BACKENDS
-from lab.engine.config import (
+from lab.config.compose import (
     declared_knobs,
     is_known_setting,
     nested_groups,
     unknown_setting_message,
 )
+from lab.distributed.config import BACKENDS
 from lab.models.loader import DTYPES
 from lab.sim.device import DEVICES
 
@@ -145,7 +145,7 @@ def validate_config(cfg: DictConfig) -> None:
         if not knob.ok(value):
             raise ValueError(f"{knob.name}={_show(value)} is invalid: must be {knob.allowed}")
     get_class(cfg.attention._target_).check_block_size(cfg.block_size)
-    from lab.worker.worker import resolve_device  # torch and the model code: imported late
+    from lab.platform import resolve_device
 
     resolve_device(cfg.device)
     check_parallel_executor(cfg)
@@ -169,7 +169,7 @@ def check_parallel_executor(cfg: DictConfig) -> None:
     """tensor_parallel_size > 1 only with an executor that runs one worker per rank; NCCL only
     on CUDA."""
     get_class(cfg.executor._target_).check_tensor_parallel(cfg.tensor_parallel_size)
-    from lab.worker.worker import resolve_device  # torch: imported late
+    from lab.platform import resolve_device
 
     if cfg.distributed_backend == "nccl" and resolve_device(cfg.device).type == "cpu":
         raise ValueError(f"distributed_backend=nccl is invalid with device={cfg.device} (the "

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lab.sampling.params import SamplingParams
+    from lab.core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lab.engine.outputs import CompletionOutput
-from lab.sampling.params import RequestOutputKind, SamplingParams
+from lab.core.sampling_params import RequestOutputKind, SamplingParams
+from lab.frontend.outputs import CompletionOutput
 
 
 class ParentRequest:

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from lab.engine.protocol import EngineCoreRequest
-from lab.executor.base import ModelInfo
-from lab.models.tokenizer import Tokenizer
-from lab.sampling.params import MAX_NUM_BAD_WORDS, SamplingParams, as_sampling_params
+from lab.core.model_info import ModelInfo
+from lab.core.protocol import EngineCoreRequest
+from lab.core.sampling_params import MAX_NUM_BAD_WORDS, SamplingParams, as_sampling_params
+from lab.frontend.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

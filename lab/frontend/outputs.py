@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from lab.metrics.stats import RequestStats
+from lab.core.stats import RequestStats
 
 
 @dataclass

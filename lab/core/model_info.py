@@ -1,0 +1,49 @@
+"""What the engine knows of the model its executor runs: read from the HF config, plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the engine needs to know about the model its executor runs."""
+
+    hf_config: Any  # transformers PretrainedConfig
+    vocab_size: int
+    eos_token_id: int | None
+    bytes_per_block: int  # KV bytes of one block over all layers (in the cache's dtype)
+    weight_bytes: int  # parameters after quantization
+    tokenizer_path: Path | None  # a directory with the tokenizer; None: token ids only
+
+    @classmethod
+    def of(cls, hf_config: Any, bytes_per_block: int, weight_bytes: int,
+           tokenizer_path: Path | str | None) -> ModelInfo:
+        """Vocabulary and EOS (the first of a list) read from the HF config."""
+        eos = eos_token_ids(hf_config)
+        return cls(hf_config, hf_config.vocab_size, eos[0] if eos else None, bytes_per_block,
+                   weight_bytes, None if tokenizer_path is None else Path(tokenizer_path))
+
+
+def eos_token_ids(hf_config: Any) -> list[int]:
+    """The config's `eos_token_id` as a list (HF allows an int, a list or none)."""
+    eos = getattr(hf_config, "eos_token_id", None)
+    return list(eos) if isinstance(eos, list) else [] if eos is None else [eos]
+
+
+def max_positions(hf_config) -> int:
+    """The positions the model was built for (max_position_embeddings; 2048 if the config has
+    none): the longest context a request may take, before any cap the engine adds."""
+    return getattr(hf_config, "max_position_embeddings", None) or 2048
+
+
+def model_context_limit(hf_config) -> int:
+    """max_position_embeddings, capped by an active sliding window (lab attends to the full
+    context, which equals sliding-window attention only while sequences fit in the window)."""
+    limit = max_positions(hf_config)
+    window = getattr(hf_config, "sliding_window", None)
+    if window and getattr(hf_config, "use_sliding_window", True):
+        limit = min(limit, window)
+    return limit
