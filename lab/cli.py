@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 BENCHES = ("serve", "throughput", "ipc", "overhead", "kernels", "executor")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def serve_config(overrides: list[str]):
@@ -109,8 +108,10 @@ def serve(argv: list[str]) -> None:
 
 def run(argv: list[str]) -> None:
     """python run.py ARGS (Hydra parses sys.argv)."""
-    sys.argv = [str(ROOT / "run.py"), *argv]
-    runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
+    from lab.run import main as run_main
+
+    sys.argv = ["lab run", *argv]
+    run_main()
 
 
 def bench(argv: list[str]) -> None:

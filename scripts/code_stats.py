@@ -113,7 +113,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def files_naming(word: str) -> list[str]:
-    out = subprocess.run(["git", "grep", "-l", word, "--", "lab", "conf", "run.py"],
+    out = subprocess.run(["git", "grep", "-l", word, "--", "lab", "run.py"],
                          cwd=ROOT, capture_output=True, text=True)
     return out.stdout.split()
 

@@ -1,4 +1,4 @@
-"""The options of the Hydra config groups, read from conf/<group>/*.yaml, so that a new plug-in is
+"""The options of the Hydra config groups, read from lab/conf/<group>/*.yaml, so that a new plug-in is
 tested by every test that loops over its group without editing the test.
 
     options("scheduler")      -> ["fair", "fcfs", "priority", "sjf"]
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[1] / "lab" / "conf"
 
 
 def options(group: str) -> list[str]:
-    """The option names of a config group, sorted (the stems of conf/<group>/*.yaml)."""
+    """The option names of a config group, sorted (the stems of lab/conf/<group>/*.yaml)."""
     names = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
     if not names:
         raise ValueError(f"no options in {CONF_DIR / group}")

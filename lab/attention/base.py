@@ -1,6 +1,6 @@
 """The AttentionBackend seam: how a backend declares its KV cache and runs paged attention.
 
-A backend is built once by the engine (Hydra `_target_` under `conf/attention/`). Per step the
+A backend is built once by the engine (Hydra `_target_` under `lab/conf/attention/`). Per step the
 ModelRunner hands it the step's `AttentionInputs` (plain tensors, no policy) and the backend turns
 them into its own metadata once (`build_metadata`); every attention layer then calls
 `forward(layer_idx, q, k, v, kv_cache, metadata, scale)`.

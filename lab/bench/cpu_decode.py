@@ -25,7 +25,7 @@ import torch
 
 from lab.kernels import cpu_paged_decode as kernel
 
-PRESETS = {  # name -> (layers, query heads, KV heads, head_dim), from conf/model/bench_*.yaml
+PRESETS = {  # name -> (layers, query heads, KV heads, head_dim), from lab/conf/model/bench_*.yaml
     "bench_llama": (4, 8, 2, 64),
     "bench_qwen3_06b": (12, 16, 8, 128),
 }

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from lab.kernels import cpu_gemm, cpu_sgemm
 
-SHAPES = {  # name -> [(linear, N, K)], from conf/model/bench_*.yaml
+SHAPES = {  # name -> [(linear, N, K)], from lab/conf/model/bench_*.yaml
     "bench_llama": [("qkv", 768, 512), ("o", 512, 512), ("gate_up", 2816, 512),
                     ("down", 512, 1408), ("lm_head", 16384, 512)],
     "bench_qwen3_06b": [("qkv", 4096, 1024), ("o", 1024, 2048), ("gate_up", 6144, 1024),

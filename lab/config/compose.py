@@ -9,7 +9,7 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # lab/conf: lab's own options
 GROUPS = ("model", "attention", "kernels", "quant", "scheduler", "preemption", "cache", "workload",
           "executor", "logger", "logits_processors", "sim/step_time")
 
@@ -22,7 +22,7 @@ def without_loggers_unless_given(overrides: list[str]) -> list[str]:
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
-    """Compose conf/config.yaml with Hydra command-line style overrides (no output dir)."""
+    """Compose lab/conf/config.yaml with Hydra command-line style overrides (no output dir)."""
     return compose_with_choices(overrides)[0]
 
 
@@ -40,7 +40,7 @@ def compose_with_choices(overrides: list[str] | None = None) -> tuple[DictConfig
 
 @cache
 def declared_knobs() -> dict[str, Any]:
-    """The knobs conf/config.yaml declares (top-level keys that are not groups), with their
+    """The knobs lab/conf/config.yaml declares (top-level keys that are not groups), with their
     defaults as plain values. Only these are knobs: a `+key` added by an override is not."""
     raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"), resolve=False)
     return {k: v for k, v in raw.items() if k not in ("defaults", "hydra", *GROUPS)}

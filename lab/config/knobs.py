@@ -1,11 +1,11 @@
-"""The engine knobs of conf/config.yaml: one table of what each may be, checked once a config is
+"""The engine knobs of lab/conf/config.yaml: one table of what each may be, checked once a config is
 composed — by run.py before it writes the run directory, and by LLMEngine for every other path
 (the offline `LLM`, benchmarks, tests).
 
     validate_config(cfg)   # ValueError naming the setting and its allowed values, else None
 
-A knob is a top-level key of conf/config.yaml that is not a config group, or a key of one of its
-blocks (`slo.ttft_s`). Only the keys conf/config.yaml itself has are known: `+name=value` on the
+A knob is a top-level key of lab/conf/config.yaml that is not a config group, or a key of one of its
+blocks (`slo.ttft_s`). Only the keys lab/conf/config.yaml itself has are known: `+name=value` on the
 command line adds a key that nothing reads, so it is refused with the list of knobs. Checks that
 need a component's class (which block sizes the attention backend supports) or the machine
 (whether CUDA is there for `device=cuda`) run here too, so the user meets the knob-named message
@@ -35,7 +35,7 @@ from lab.sim.device import DEVICES
 
 @dataclass(frozen=True)
 class Knob:
-    """One setting of conf/config.yaml: its (dotted) name, what it may be, and the test."""
+    """One setting of lab/conf/config.yaml: its (dotted) name, what it may be, and the test."""
 
     name: str
     allowed: str  # the allowed values, as the error message states them
@@ -177,8 +177,8 @@ def check_parallel_executor(cfg: DictConfig) -> None:
 
 
 def check_known_keys(cfg: DictConfig) -> None:
-    """Every top-level key is a group or a knob of conf/config.yaml; every key of a knob's block
-    (slo, sim) is one conf/config.yaml has, or a config group nested in it (sim.step_time)."""
+    """Every top-level key is a group or a knob of lab/conf/config.yaml; every key of a knob's block
+    (slo, sim) is one lab/conf/config.yaml has, or a config group nested in it (sim.step_time)."""
     declared = declared_knobs()
     for key in cfg:
         if not is_known_setting(key):
@@ -200,7 +200,7 @@ def _show(value: Any) -> str:
 
 def check_command_line(args: list[str]) -> str | None:
     """The refusal of the first plain `name=value` override whose top-level name is neither a
-    config group nor a knob of conf/config.yaml, or None. Run before Hydra parses the command
+    config group nor a knob of lab/conf/config.yaml, or None. Run before Hydra parses the command
     line: Hydra's own error for it suggests `+name=value`, which adds a key nothing reads."""
     for arg in args:
         if arg.startswith(("-", "+", "~")) or "=" not in arg:

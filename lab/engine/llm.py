@@ -4,7 +4,7 @@
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8))
 
 A keyword named after a config group picks that group's option; any other keyword sets the engine
-knob of that name (see README). `model` takes a preset name (a file in conf/model/) or a
+knob of that name (see README). `model` takes a preset name (a file in lab/conf/model/) or a
 checkpoint directory.
 """
 

@@ -6,7 +6,7 @@ its Triton kernel; a quant method never picks an implementation itself.
 
 Every op is one row of `OPS`: its name, its contract, and where its two implementations live
 (each Triton kernel sits beside its PyTorch reference in lab/kernels/*.py). A `LayerOps` binds
-one column of that table to its attributes; it is built once (Hydra: `conf/kernels/*.yaml`) and
+one column of that table to its attributes; it is built once (Hydra: `lab/conf/kernels/*.yaml`) and
 handed to the model, whose RMSNorm / RotaryEmbedding / SiluAndMul layers hold a reference to it
 (no globals):
 

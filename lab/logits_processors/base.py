@@ -19,7 +19,7 @@ e.g. a partial prefill). Processors whose state follows the generated tokens (pe
 min_tokens, bad_words) update it there, vectorized, instead of re-reading every request's token
 list each step. `AddedRequest.output_token_ids` is still the live list, as in vLLM.
 
-A processor is one class (subclass LogitsProcessor) plus one YAML in conf/logits_processors/:
+A processor is one class (subclass LogitsProcessor) plus one YAML in lab/conf/logits_processors/:
 
     _target_: my_pkg.my_proc.MyProcessor
     _partial_: true        # the runner completes it with the LogitsProcessorContext

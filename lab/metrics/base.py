@@ -1,6 +1,6 @@
 """The StatLogger seam: where an engine's per-step and per-request statistics go.
 
-The engine builds every logger chosen under `conf/logger/` (Hydra `_target_`, one key per logger,
+The engine builds every logger chosen under `lab/conf/logger/` (Hydra `_target_`, one key per logger,
 e.g. `logger=[console,jsonl]`) and calls, in order:
 
     on_start(run_dir, config, total_requests)  once, before the first step

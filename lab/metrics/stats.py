@@ -102,7 +102,7 @@ class SLO:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any] | None) -> SLO:
-        """From the `slo:` block of conf/config.yaml (a mapping; missing or None: no bounds)."""
+        """From the `slo:` block of lab/conf/config.yaml (a mapping; missing or None: no bounds)."""
         cfg = dict(cfg or {})
         unknown = sorted(set(cfg) - {f.name for f in fields(cls)})
         if unknown:

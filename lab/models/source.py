@@ -16,7 +16,7 @@ class ModelSource(ABC):
 
 class TinyModelSource(ModelSource):
     """A generated tiny checkpoint, cached on disk. preset: its architecture + HF config fields
-    (conf/model/<name>.yaml's `preset:`, which Hydra passes; None: read from that file)."""
+    (lab/conf/model/<name>.yaml's `preset:`, which Hydra passes; None: read from that file)."""
 
     def __init__(self, name: str, cache_dir: str | None = None, preset=None) -> None:
         from omegaconf import OmegaConf

@@ -1,7 +1,7 @@
 """Tiny real Hugging Face checkpoints, generated deterministically and cached on disk.
 
 A preset is a plain dict (architecture + HF config fields), defined once: the `preset:` mapping
-of conf/model/<name>.yaml (the `model` option of the same name builds a TinyModelSource from it).
+of lab/conf/model/<name>.yaml (the `model` option of the same name builds a TinyModelSource from it).
 `ensure_tiny_model(name)` generates it once into `<cache>/<name>-<hash of preset +
 GENERATOR_VERSION>` (temp dir + atomic rename, so parallel processes are safe) and reuses it.
 
@@ -45,16 +45,16 @@ SPLIT_REGEX = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
-MODEL_CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"  # the `model` group
+MODEL_CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"  # the `model` group
 
 
 def preset_names() -> list[str]:
-    """The `model` options that are tiny presets (conf/model/*.yaml with a `preset:`), sorted."""
+    """The `model` options that are tiny presets (lab/conf/model/*.yaml with a `preset:`), sorted."""
     return [p.stem for p in sorted(MODEL_CONF_DIR.glob("*.yaml")) if "preset" in _option(p.stem)]
 
 
 def preset(name: str) -> dict:
-    """The preset of conf/model/<name>.yaml as a plain dict; ValueError listing the presets when
+    """The preset of lab/conf/model/<name>.yaml as a plain dict; ValueError listing the presets when
     there is none."""
     option = _option(name) if (MODEL_CONF_DIR / f"{name}.yaml").is_file() else {}
     if "preset" not in option:
@@ -84,7 +84,7 @@ def ensure_tiny_model(
     name: str, cache_dir: str | Path | None = None, spec: dict | None = None
 ) -> Path:
     """The directory of the preset's checkpoint, generating it on first use. spec: the preset's
-    fields (None: conf/model/<name>.yaml's)."""
+    fields (None: lab/conf/model/<name>.yaml's)."""
     spec = preset(name) if spec is None else spec
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     final = root / f"{name}-{preset_hash(spec)}"
@@ -108,7 +108,7 @@ def generate_tiny_model(
     spec: dict | None = None,
 ) -> Path:
     """Write the preset's checkpoint + tokenizer into out_dir (sharded if max_shard_size is set).
-    spec: the preset's fields (None: conf/model/<name>.yaml's)."""
+    spec: the preset's fields (None: lab/conf/model/<name>.yaml's)."""
     out = Path(out_dir)
     spec = preset(name) if spec is None else spec
     model = build_hf_model(spec)

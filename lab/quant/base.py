@@ -2,7 +2,7 @@
 
 Two bases (config group = package = base class):
 
-    QuantConfig   the group's option (`conf/quant/*.yaml` -> `_target_: lab.quant.<file>.<Config>`):
+    QuantConfig   the group's option (`lab/conf/quant/*.yaml` -> `_target_: lab.quant.<file>.<Config>`):
                   built once per run, it decides for every linear layer of the model which
                   QuantMethod it holds (`method_for`), refusing what it cannot handle
     QuantMethod   per-layer strategy held by `Linear.quant_method`: `create_weights` registers the

@@ -18,9 +18,9 @@ class WorkerConfig:
     """The worker's half of the engine config."""
 
     model_path: Path
-    attention: Any  # AttentionBackend (conf/attention)
-    kernels: Any  # LayerOps (conf/kernels)
-    quant: Any = None  # QuantConfig (conf/quant); None = unquantized
+    attention: Any  # AttentionBackend (lab/conf/attention)
+    kernels: Any  # LayerOps (lab/conf/kernels)
+    quant: Any = None  # QuantConfig (lab/conf/quant); None = unquantized
     device: str = "auto"
     dtype: str = "auto"
     block_size: int = 16
@@ -28,7 +28,7 @@ class WorkerConfig:
     max_num_batched_tokens: int = 2048
     seed: int = 0
     kv_cache_dtype: str = "auto"  # cache.dtype: auto (the model's) | fp8
-    # conf/logits_processors: factories (Hydra partials) called with a LogitsProcessorContext
+    # lab/conf/logits_processors: factories (Hydra partials) called with a LogitsProcessorContext
     logits_processors: tuple[Any, ...] = ()
     # how the model is split over ranks (tensor_parallel_size, distributed_backend knobs);
     # world size 1: one worker, no process group

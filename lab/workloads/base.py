@@ -1,6 +1,6 @@
 """The Workload seam: what requests a run sends, and when.
 
-A workload is built by Hydra from `conf/workload/` (`_target_`) and asked once for its requests,
+A workload is built by Hydra from `lab/conf/workload/` (`_target_`) and asked once for its requests,
 given the model's vocabulary size and EOS id, so token ids can avoid special tokens.
 """
 

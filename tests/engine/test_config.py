@@ -70,7 +70,7 @@ def test_unknown_option_lists_choices():
 def test_unknown_option_on_the_command_line_prints_choices(tmp_path):
     proc = subprocess.run(
         [sys.executable, "run.py", "scheduler=nope", f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, cwd=CONF_DIR.parent, timeout=120)
+        capture_output=True, text=True, cwd=CONF_DIR.parents[1], timeout=120)
     assert proc.returncode != 0
     assert "Available options in 'scheduler'" in proc.stderr and "fcfs" in proc.stderr
 

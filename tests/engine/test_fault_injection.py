@@ -143,7 +143,7 @@ def _check_prefix_cache(s, reqs) -> None:
 
 
 def _build(group: str, option: str):
-    """The plug-in of conf/<group>/<option>.yaml (these options need no runtime arguments)."""
+    """The plug-in of lab/conf/<group>/<option>.yaml (these options need no runtime arguments)."""
     return instantiate(OmegaConf.load(CONF_DIR / group / f"{option}.yaml"))
 
 

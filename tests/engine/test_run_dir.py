@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import run
+from lab import run
 from lab.config.compose import load_run_config
 from lab.config.knobs import validate_config
 

@@ -23,7 +23,7 @@ from tests.kernels.sm90 import compile_for_sm90
 from tests.models.conftest import DenseCausalBackend, run_model
 from tests.options import options, tiny_models
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "kernels"
+CONF = Path(__file__).resolve().parents[2] / "lab" / "conf" / "kernels"
 IDS = [0, 17, 42, 99, 3, 250, 7, 7, 311, 64, 5, 128, 200, 9]
 
 

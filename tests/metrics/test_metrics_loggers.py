@@ -109,7 +109,7 @@ def test_in_memory_logger_keeps_records(tmp_path):
 
 def test_logger_yamls_compose_together(tmp_path):
     conf = tmp_path / "conf"
-    shutil.copytree(REPO / "conf" / "logger", conf / "logger")
+    shutil.copytree(REPO / "lab" / "conf" / "logger", conf / "logger")
     (conf / "config.yaml").write_text("defaults:\n  - logger: [console, jsonl]\n  - _self_\n")
     with initialize_config_dir(config_dir=str(conf), version_base=None):
         cfg = compose(config_name="config")

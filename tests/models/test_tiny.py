@@ -44,7 +44,7 @@ def test_ensure_reuses_and_rejects_unknown(tmp_path, tiny_path):
 
 
 # The presets' cache entries (GENERATOR_VERSION 4: the tokenizer got a chat template; the
-# weights are those of version 3): read from conf/model/*.yaml they must hash the same, so the
+# weights are those of version 3): read from lab/conf/model/*.yaml they must hash the same, so the
 # checkpoints stay byte-identical and the caches are reused. A deliberate change of a preset (or
 # of the generator) updates its entry.
 PINNED_HASHES = {

@@ -45,7 +45,7 @@ METHODS = {
 
 
 def test_every_quant_option_has_bounds():
-    """A new conf/quant option needs its bounds in METHODS (none is the reference)."""
+    """A new lab/conf/quant option needs its bounds in METHODS (none is the reference)."""
     assert {m.split("-")[0] for m in METHODS} == set(options("quant")) - {"none"}
 
 

@@ -1,6 +1,6 @@
 """A user's logits processor as the README describes it: one class (this file) plus one YAML
 (`_target_: tests.sampling.example_processor.BanTokenForSeededRequests`, `_partial_: true`) —
-here given as a config override by the test instead of a file in conf/logits_processors/."""
+here given as a config override by the test instead of a file in lab/conf/logits_processors/."""
 
 from __future__ import annotations
 

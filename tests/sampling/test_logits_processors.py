@@ -22,7 +22,7 @@ CTX = LogitsProcessorContext(vocab_size=V, max_num_reqs=MAX_REQS, eos_token_ids=
 
 
 def make(name: str, context: LogitsProcessorContext = CTX):
-    """A processor as the runner builds it: the conf/logits_processors partial + the context."""
+    """A processor as the runner builds it: the lab/conf/logits_processors partial + the context."""
     return build("logits_processors", name)(context=context)
 
 
@@ -127,7 +127,7 @@ def test_all_builtins_chained_on_cuda_match_the_references(data):
 
 
 def test_conf_options_are_the_builtins():
-    """conf/logits_processors holds exactly the built-ins, each building its class."""
+    """lab/conf/logits_processors holds exactly the built-ins, each building its class."""
     assert options("logits_processors") == sorted(BUILTINS)
     assert all(not make(name).is_argmax_invariant() for name in BUILTINS)
 

@@ -33,7 +33,7 @@ def drain(q):
     return [q.pop().request_id for _ in range(len(q))]
 
 
-POLICIES = options("scheduler")  # every conf/scheduler/*.yaml
+POLICIES = options("scheduler")  # every lab/conf/scheduler/*.yaml
 
 
 def make_queue(name: str, **knobs) -> RequestQueue:

@@ -144,7 +144,7 @@ def test_length_dist_accepts_dictconfig():
 
 @pytest.mark.parametrize("name", options("workload"))
 def test_yaml_presets_instantiate(name):
-    cfg = OmegaConf.load(REPO / "conf" / "workload" / f"{name}.yaml")
+    cfg = OmegaConf.load(REPO / "lab" / "conf" / "workload" / f"{name}.yaml")
     workload = instantiate(cfg)
     assert isinstance(workload, Workload)
     reqs = workload.requests(vocab_size=32000, eos_token_id=2)

@@ -3,7 +3,7 @@
 The simulator (`executor=sim`, lab/executor/sim.py) asks its step-time model for the duration of
 every step from the step's `StepShape` (tokens, prefill chunks, decodes, attention pairs, decode
 context, swapped blocks) and advances its virtual clock by it. Hydra builds the model from
-conf/sim/step_time/*.yaml without knowing the model or the device; the executor then calls
+lab/conf/sim/step_time/*.yaml without knowing the model or the device; the executor then calls
 `bind(target)`, which returns a model ready to predict (a new object: the one Hydra built is
 never changed).
 """
