@@ -3,6 +3,7 @@
     lab serve [HYDRA OVERRIDES...] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
               [--run-dir DIR]            # logger=[console,jsonl,wandb] record the live steps
     lab run [run.py arguments...]              # python run.py ...
+    lab knobs [--markdown]                     # every knob: default, allowed values, help
     lab bench serve|throughput|ipc|overhead|kernels|executor [args...]  # python -m lab.bench.<name>
 
 `lab serve` composes the engine config exactly as run.py and LLM do (compose_config with the
@@ -85,7 +86,7 @@ def serve(argv: list[str]) -> None:
     import uvicorn
     from omegaconf import OmegaConf
 
-    from lab.config.knobs import check_command_line
+    from lab.config.validate import check_command_line
     from lab.engine.async_llm import AsyncLLM
     from lab.metrics.prometheus import model_name_of
     from lab.serve.api_server import build_app
@@ -122,11 +123,18 @@ def bench(argv: list[str]) -> None:
     runpy.run_module(f"lab.bench.{name}", run_name="__main__", alter_sys=True)
 
 
+def knobs(argv: list[str]) -> None:
+    """Every knob from its declaration (lab/config/listing.py)."""
+    from lab.config.listing import main as listing_main
+
+    listing_main(argv)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"serve": serve, "run": run, "bench": bench}
+    commands = {"serve": serve, "run": run, "bench": bench, "knobs": knobs}
     if not argv or argv[0] not in commands:
-        sys.exit("usage: lab {serve,run,bench} ...  (lab serve --help)")
+        sys.exit("usage: lab {serve,run,bench,knobs} ...  (lab serve --help)")
     commands[argv[0]](argv[1:])
 
 

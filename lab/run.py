@@ -25,8 +25,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from lab.config.compose import hydra_choices, run_config_yaml
-from lab.config.knobs import check_command_line, validate_config
+from lab.config.compose import hydra_choices, register, run_config_yaml
+from lab.config.validate import check_command_line, validate_config
 from lab.engine.llm_engine import LLMEngine
 from lab.engine.replay import replay
 from lab.metrics.jsonl import SUMMARY_FILE
@@ -37,6 +37,7 @@ log = logging.getLogger("lab")
 def main() -> None:
     """`python run.py` / `lab run`: refuse an unknown setting with the list of knobs (Hydra's own
     hint, `+name=value`, would add a key nothing reads), then run the Hydra job."""
+    register()  # the knobs' defaults and the plug-ins' search path, for Hydra to compose
     refusal = check_command_line(sys.argv[1:])
     if refusal is not None:
         sys.exit(f"run.py: {refusal}")

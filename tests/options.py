@@ -1,5 +1,6 @@
-"""The options of the Hydra config groups, read from lab/conf/<group>/*.yaml, so that a new plug-in is
-tested by every test that loops over its group without editing the test.
+"""The options of the Hydra config groups — lab's (lab/conf/<group>/*.yaml) and every installed
+plug-in's — so that a new plug-in is tested by every test that loops over its group without
+editing the test.
 
     options("scheduler")      -> ["fair", "fcfs", "priority", "sjf"]
     tiny_models("mla")        -> the embedded MLA presets (tiny_deepseek, ...)
@@ -11,22 +12,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "lab" / "conf"
+from lab.config.plugins import group_options, option_file
 
 
 def options(group: str) -> list[str]:
-    """The option names of a config group, sorted (the stems of lab/conf/<group>/*.yaml)."""
-    names = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    """The option names of a config group, sorted (lab's and installed plug-ins')."""
+    names = group_options(group)
     if not names:
-        raise ValueError(f"no options in {CONF_DIR / group}")
+        raise ValueError(f"no options in config group {group!r}")
     return names
+
+
+def option_yaml(group: str, option: str):
+    """An option's YAML, loaded (where Hydra finds it first)."""
+    from omegaconf import OmegaConf
+
+    path = option_file(group, option)
+    if path is None:
+        raise ValueError(f"no option {option!r} in config group {group!r}")
+    return OmegaConf.load(Path(path))
 
 
 def target(group: str, option: str) -> str:
     """The `_target_` of an option (the class or factory it instantiates)."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.load(CONF_DIR / group / f"{option}.yaml")["_target_"]
+    return option_yaml(group, option)["_target_"]
 
 
 def build(group: str, option: str, **knobs):
@@ -35,7 +44,7 @@ def build(group: str, option: str, **knobs):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    return instantiate(OmegaConf.merge(OmegaConf.load(CONF_DIR / group / f"{option}.yaml"), knobs))
+    return instantiate(OmegaConf.merge(option_yaml(group, option), knobs))
 
 
 def attention_kinds(option: str) -> tuple[str, ...]:

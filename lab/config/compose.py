@@ -1,17 +1,62 @@
-"""Hydra composition shared by run.py, the offline LLM API, benchmarks and tests."""
+"""Hydra composition shared by run.py, `lab serve`, the offline LLM API, benchmarks and tests.
+
+lab/conf/config.yaml's defaults list starts with the `lab_knobs` node: every declared knob's
+default (lab/config/knobs.py, lab/sim/knobs.py, installed plug-ins), stored by `register()`,
+which also gives its `hydra.searchpath` the plug-ins' config directories (lab/config/plugins.py).
+Every composition calls it first, so run.py and `LLM(...)` see the same knobs and options.
+"""
 
 from __future__ import annotations
 
-from functools import cache
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # lab/conf: lab's own options
-GROUPS = ("model", "attention", "kernels", "quant", "scheduler", "preemption", "cache", "workload",
-          "executor", "logger", "logits_processors", "sim/step_time")
+from lab.config.knob import defaults_of
+from lab.config.plugins import LAB_CONF, declared_knobs, knob_blocks, search_path
+
+CONF_DIR = LAB_CONF
+# config group -> the base class its options build (config group = package = base class); a
+# plug-in's option subclasses it
+GROUP_BASES = {
+    "model": "lab.models.source.ModelSource",
+    "attention": "lab.attention.base.AttentionBackend",
+    "kernels": "lab.layers.ops.LayerOps",
+    "quant": "lab.quant.base.QuantConfig",
+    "scheduler": "lab.scheduler.queues.RequestQueue",
+    "preemption": "lab.scheduler.preemption.PreemptionStrategy",
+    "cache": "lab.cache.manager.KVCacheManager",
+    "workload": "lab.workloads.base.Workload",
+    "executor": "lab.executor.base.Executor",
+    "logger": "lab.metrics.base.StatLogger",
+    "logits_processors": "lab.logits_processors.base.LogitsProcessor",
+    "sim/step_time": "lab.sim.step_time.base.StepTimeModel",
+}
+GROUPS = tuple(GROUP_BASES)
+KNOBS_NODE = "lab_knobs"  # the first entry of lab/conf/config.yaml's defaults list
+SEARCH_PATH_RESOLVER = "lab_search_path"  # ${lab_search_path:} in lab/conf/config.yaml
+
+
+def register() -> None:
+    """Give Hydra what lab/conf/config.yaml refers to: the knobs' defaults as the `lab_knobs`
+    node, and the plug-ins' search path as the `lab_search_path` resolver. Idempotent; run.py and
+    every composition call it before Hydra composes."""
+    ConfigStore.instance().store(name=KNOBS_NODE, node=knob_defaults())
+    OmegaConf.register_new_resolver(SEARCH_PATH_RESOLVER, lambda: search_path(), replace=True)
+
+
+def knob_defaults() -> dict[str, Any]:
+    """Every declared knob's default as config values: top-level knobs, then blocks."""
+    values: dict[str, Any] = {}
+    for block, classes in knob_blocks().items():
+        target = values.setdefault(block, {}) if block else values
+        for cls in classes:
+            target.update(defaults_of(cls))
+    return values
 
 
 def without_loggers_unless_given(overrides: list[str]) -> list[str]:
@@ -21,34 +66,37 @@ def without_loggers_unless_given(overrides: list[str]) -> list[str]:
     return [*overrides, "logger=[]"]
 
 
-def compose_config(overrides: list[str] | None = None) -> DictConfig:
-    """Compose lab/conf/config.yaml with Hydra command-line style overrides (no output dir)."""
-    return compose_with_choices(overrides)[0]
+def compose_config(overrides: list[str] | None = None,
+                   config_path: Sequence[str | Path] = ()) -> DictConfig:
+    """Compose lab/conf/config.yaml with Hydra command-line style overrides (no output dir);
+    `config_path`: more config directories for this composition (see lab/config/plugins.py)."""
+    return compose_with_choices(overrides, config_path)[0]
 
 
-def compose_with_choices(overrides: list[str] | None = None) -> tuple[DictConfig, dict[str, str]]:
+def compose_with_choices(overrides: list[str] | None = None,
+                         config_path: Sequence[str | Path] = ()) -> tuple[DictConfig, dict[str, str]]:
     """compose_config, plus the option chosen in every group (as hydra_choices gives inside a
     Hydra job), for a run directory's config.yaml outside one (lab serve)."""
+    register()
+    overrides = list(overrides or [])
+    if config_path:
+        overrides.append(f"hydra.searchpath=[{','.join(search_path(config_path))}]")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(config_name="config", overrides=list(overrides or []),
-                      return_hydra_config=True)
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
     choices = group_choices(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg, choices
 
 
-@cache
-def declared_knobs() -> dict[str, Any]:
-    """The knobs lab/conf/config.yaml declares (top-level keys that are not groups), with their
-    defaults as plain values. Only these are knobs: a `+key` added by an override is not."""
-    raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"), resolve=False)
-    return {k: v for k, v in raw.items() if k not in ("defaults", "hydra", *GROUPS)}
+def top_level_names() -> set[str]:
+    """The names a top-level key may have: top-level knobs and knob blocks (slo, sim)."""
+    return {k.name.split(".", 1)[0] for k in declared_knobs()}
 
 
 def is_known_setting(key: str) -> bool:
-    """Whether a top-level key is a config group, `hydra`, or a declared knob."""
-    return key in GROUPS or key == "hydra" or key in declared_knobs()
+    """Whether a top-level key is a config group, `hydra`, a knob or a knob block."""
+    return key in GROUPS or key == "hydra" or key in top_level_names()
 
 
 def nested_groups(key: str) -> set[str]:
@@ -61,16 +109,16 @@ def set_knobs(cfg: DictConfig, knobs: dict[str, object]) -> DictConfig:
     """Set engine knobs (or dotted paths such as model.path) by name, refusing unknown names."""
     for key, value in knobs.items():
         if not is_known_setting(key.split(".", 1)[0]) or key in GROUPS:
-            raise ValueError(unknown_setting_message(key, list(declared_knobs())))
+            raise ValueError(unknown_setting_message(key))
         with open_dict(cfg):
             OmegaConf.update(cfg, key, value, merge=False)
     return cfg
 
 
-def unknown_setting_message(key: str, knobs: list[str]) -> str:
+def unknown_setting_message(key: str) -> str:
     """The refusal of a setting that is neither a config group nor an engine knob."""
     return (f"unknown setting {key!r}: config groups are {', '.join(GROUPS)}; engine knobs are "
-            f"{', '.join(sorted(knobs))}")
+            f"{', '.join(sorted(top_level_names()))}")
 
 
 def hydra_choices() -> dict[str, str]:

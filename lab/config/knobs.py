@@ -1,211 +1,133 @@
-"""The engine knobs of lab/conf/config.yaml: one table of what each may be, checked once a config is
-composed — by run.py before it writes the run directory, and by LLMEngine for every other path
-(the offline `LLM`, benchmarks, tests).
+"""lab's engine knobs: each declared once, here (name, type, default, allowed values, help).
 
-    validate_config(cfg)   # ValueError naming the setting and its allowed values, else None
+Hydra composes these defaults (lab/config/compose.py stores them as the `lab_knobs` node that
+lab/conf/config.yaml's defaults list starts with), the command line and `LLM(...)` keywords
+override them, lab/config/validate.py checks every value against its declaration, `lab knobs`
+lists them, and the README's table is generated from them (`python -m lab.config.listing
+--markdown`). The engine reads them as one typed object: `EngineKnobs.of(cfg)`.
 
-A knob is a top-level key of lab/conf/config.yaml that is not a config group, or a key of one of its
-blocks (`slo.ttft_s`). Only the keys lab/conf/config.yaml itself has are known: `+name=value` on the
-command line adds a key that nothing reads, so it is refused with the list of knobs. Checks that
-need a component's class (which block sizes the attention backend supports) or the machine
-(whether CUDA is there for `device=cuda`) run here too, so the user meets the knob-named message
-before anything is built; the components keep their own checks as a second line of defence.
+Adding a knob = its field here + its use. The simulator declares its own block next to its code
+(lab/sim/knobs.py); a plug-in declares its knobs the same way (docs/plugins.md).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf
-
-from lab.config.compose import (
-    declared_knobs,
-    is_known_setting,
-    nested_groups,
-    unknown_setting_message,
-)
+from lab.config.dtypes import DTYPE_NAMES
+from lab.config.knob import build, knob
 from lab.distributed.config import BACKENDS
-from lab.models.loader import DTYPES
-from lab.sim.device import DEVICES
-
-
-@dataclass(frozen=True)
-class Knob:
-    """One setting of lab/conf/config.yaml: its (dotted) name, what it may be, and the test."""
-
-    name: str
-    allowed: str  # the allowed values, as the error message states them
-    ok: Callable[[Any], bool]
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _int_at_least(low: int) -> Callable[[Any], bool]:
-    return lambda v: _is_int(v) and v >= low
-
-
-def _or_null(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: v is None or check(v)
-
-
-def _positive(v: Any) -> bool:
-    return _is_number(v) and v > 0
 
 
 def _power_of_two(v: Any) -> bool:
-    return _is_int(v) and v >= 1 and v & (v - 1) == 0
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and v & (v - 1) == 0
 
 
 def _device(v: Any) -> bool:
     return isinstance(v, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None
 
 
-def _int_list(v: Any) -> bool:
-    return (isinstance(v, Sequence) and not isinstance(v, str) and len(v) > 0
-            and all(_int_at_least(1)(s) for s in v))
+@dataclass(frozen=True)
+class SLOKnobs:
+    """Service-level objectives for goodput (DistServe): a request is good when it finished
+    normally and meets every bound. Off by default: latencies differ by orders of magnitude
+    between a GPU and a CPU (or Triton's interpreter), so no bound suits both."""
+
+    ttft_s: float | None = knob(None, "time to first token", gt=0, unit="seconds",
+                                null="no bound")
+    tpot_s: float | None = knob(None, "time per output token after the first", gt=0,
+                                unit="seconds", null="no bound")
+    e2e_s: float | None = knob(None, "arrival to last token", gt=0, unit="seconds",
+                               null="no bound")
 
 
-DTYPE_NAMES = ("auto", *DTYPES)
+@dataclass(frozen=True)
+class EngineKnobs:
+    """Every engine knob lab itself declares (top-level keys of the config, and the slo block)."""
 
-KNOBS: tuple[Knob, ...] = (
-    Knob("max_num_seqs", "an integer >= 1 (most requests running at once)", _int_at_least(1)),
-    Knob("max_num_batched_tokens", "an integer >= 1 (token budget of one step)",
-         _int_at_least(1)),
-    Knob("max_model_len", "null (the model's limit, capped by the KV cache) or an integer >= 2 "
-         "(prompt + output tokens of one request)", _or_null(_int_at_least(2))),
-    Knob("block_size", "a power of two >= 1 that the attention backend supports (tokens per KV "
-         "block; 16 is the default)", _power_of_two),
-    Knob("num_gpu_blocks", "null (size the KV cache from memory) or an integer >= 2 (block 0 is "
-         "the null block)", _or_null(_int_at_least(2))),
-    Knob("gpu_memory_utilization", "a number in (0, 1] (fraction of GPU memory)",
-         lambda v: _positive(v) and v <= 1),
-    Knob("cpu_kv_cache_gb", "null (room for one request of the model's context, at most 1 GiB) "
-         "or a number of GiB > 0", _or_null(_positive)),
-    Knob("enable_prefix_caching", "true or false", lambda v: isinstance(v, bool)),
-    Knob("max_logprobs", "an integer >= 0, or -1 for no limit (the most logprobs / "
-         "prompt_logprobs a request may ask for)", lambda v: _is_int(v) and v >= -1),
-    Knob("long_prefill_token_threshold", "an integer >= 0 (0 = off)", _int_at_least(0)),
-    Knob("seed", "an integer in [0, 2**63)", lambda v: _is_int(v) and 0 <= v < 2**63),
-    Knob("device", "auto, cpu, cuda or cuda:N", _device),
-    Knob("cpu_threads", "null (torch's default; in the core process of engine_client=async_mp: "
-         "CPU cores - 1, one left to the server) or an integer >= 1 (torch threads of the engine core)",
-         _or_null(_int_at_least(1))),
-    Knob("engine_client", "inproc (the engine core in this thread), mp (in its own process, "
-         "synchronous client) or async_mp (in its own process, asyncio client: lab serve's "
-         "default)", lambda v: v in ("inproc", "mp", "async_mp")),
-    Knob("async_scheduling", "true or false (schedule the next step while one runs: vLLM V1's "
-         "async scheduling)", lambda v: isinstance(v, bool)),
-    Knob("dtype", ", ".join(DTYPE_NAMES), lambda v: str(v).lower() in DTYPE_NAMES),
-    Knob("tensor_parallel_size", "an integer >= 1 (ranks each layer is split over; > 1 with "
-         "executor=multiproc or executor=ray)", _int_at_least(1)),
-    Knob("expert_parallel", "true or false (MoE: whole experts per rank)",
-         lambda v: isinstance(v, bool)),
-    Knob("distributed_backend", f"one of {', '.join(BACKENDS)} (auto: nccl on CUDA, gloo on "
-         "CPU)", lambda v: v in BACKENDS),
-    Knob("enable_dbo", "true or false (micro-batching: two micro-batches per step, "
-         "docs/ubatch.md)", lambda v: isinstance(v, bool)),
-    Knob("dbo_decode_token_threshold", "an integer >= 2 (tokens from which enable_dbo splits a "
-         "pure-decode step)", _int_at_least(2)),
-    Knob("dbo_prefill_token_threshold", "an integer >= 2 (tokens from which enable_dbo splits a "
-         "step with prefill tokens)", _int_at_least(2)),
-    Knob("cudagraph_capture_sizes", "null (vLLM's decode sizes on CUDA, none on a CPU) or a "
-         "list of integers >= 1 (decode batch sizes to pad to and capture)",
-         lambda v: v is None or (isinstance(v, Sequence) and not isinstance(v, str)
-                                 and len(v) > 0 and all(_int_at_least(1)(s) for s in v))),
-    Knob("enforce_eager", "true or false (true: no CUDA graphs, no padding)",
-         lambda v: isinstance(v, bool)),
-    Knob("compile", "true or false (true: the forward through torch.compile, attention an "
-         "opaque op; docs/compile.md)", lambda v: isinstance(v, bool)),
-    Knob("compile_sizes", "null (one decode-sized warm-up step) or a list of integers >= 1 "
-         "(token counts of the start-up warm-up steps; the first compiles)",
-         _or_null(_int_list)),
-    Knob("slo.ttft_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
-    Knob("slo.tpot_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
-    Knob("slo.e2e_s", "null (no bound) or a number of seconds > 0", _or_null(_positive)),
-    Knob("sim.device", f"one of {', '.join(DEVICES)} (the device executor=sim simulates)",
-         lambda v: isinstance(v, str) and v.lower() in DEVICES),
-)
+    max_num_seqs: int = knob(256, "most requests running at once", ge=1)
+    max_num_batched_tokens: int = knob(
+        2048, "token budget of one step; longer prompts are chunked", ge=1)
+    max_model_len: int | None = knob(
+        None, "prompt + output tokens of one request", ge=2,
+        null="the model's limit, capped by what the KV cache holds")
+    block_size: int = knob(
+        16, "tokens per KV block", check=_power_of_two,
+        allowed="a power of two >= 1 that the attention backend supports",
+        details="`block_sizes` on the backend class; 1..128 for every backend in lab")
+    num_gpu_blocks: int | None = knob(
+        None, "KV blocks, block 0 being the null block", ge=2, null="size the cache from memory")
+    gpu_memory_utilization: float = knob(
+        0.9, "CUDA: fraction of GPU memory for weights + activations + KV", gt=0, le=1)
+    cpu_kv_cache_gb: float | None = knob(
+        None, "CPU: KV-cache size", gt=0, unit="GiB",
+        null="room for one request of the model's context, at most 1 GiB",
+        details="null: max_position_embeddings tokens + the null block: 128 blocks of 16 "
+                "tokens for the tiny models, so the default workloads preempt")
+    enable_prefix_caching: bool = knob(
+        True, "reuse KV blocks of shared prefixes (chained block hashes)")
+    max_logprobs: int = knob(
+        20, "the most logprobs / prompt_logprobs a request may ask for", ge=-1,
+        allowed="an integer >= 0, or -1 for no limit")
+    long_prefill_token_threshold: int = knob(
+        0, "> 0 caps the tokens one request gets per step (0 = off)", ge=0)
+    seed: int = knob(0, "global seed (per-request seeds: SamplingParams.seed)", ge=0, lt=2**63)
+    device: str = knob(
+        "auto", "the engine's device (auto: CUDA when there is one, else the CPU)",
+        check=_device, allowed="auto, cpu, cuda or cuda:N",
+        details="a CUDA device this machine lacks is refused")
+    cpu_threads: int | None = knob(
+        None, "torch CPU threads of the engine core", ge=1,
+        null="torch's default; in the core process of engine_client=async_mp: CPU cores - 1, "
+             "one left to the server, as vLLM-CPU reserves one")
+    engine_client: str = knob(
+        "inproc", "where the engine core runs: inproc (the caller's thread), mp (its own "
+        "process, synchronous client) or async_mp (its own process, asyncio client: lab serve's "
+        "default)", choices=("inproc", "mp", "async_mp"),
+        details="ZMQ + msgspec, lab/engine/core_proc.py; step statistics travel back to the "
+                "loggers; a dead core process raises EngineDeadError at once (not with "
+                "executor=sim)")
+    async_scheduling: bool = knob(
+        False, "schedule step N+1 while step N runs (vLLM V1's async scheduling)",
+        details="placeholders for the tokens in flight, lab/engine/async_steps.py; the same "
+                "token ids; a request stopped by EOS / a stop id costs one dropped token")
+    dtype: str = knob(
+        "auto", "model dtype (auto: fp32 on CPU, the checkpoint's dtype on CUDA)",
+        choices=("auto", *DTYPE_NAMES))
+    tensor_parallel_size: int = knob(
+        1, "ranks each layer is split over (> 1 with executor=multiproc or executor=ray)", ge=1)
+    expert_parallel: bool = knob(
+        False, "MoE under TP: whole experts per rank instead of a slice of every expert")
+    distributed_backend: str = knob(
+        "auto", "the ranks' process group (auto: nccl on CUDA, gloo on CPU)", choices=BACKENDS)
+    cudagraph_capture_sizes: tuple[int, ...] | None = knob(
+        None, "decode batch sizes padded to and replayed as CUDA graphs", ge=1,
+        null="1, 2, 4, 8, 16, ... 512 up to max_num_seqs on CUDA, none on a CPU",
+        details="attention=triton_flash / triton_mla, lab/worker/cudagraph.py; a list on a CPU "
+                "runs the padded path eagerly (tests)")
+    enforce_eager: bool = knob(False, "true: no CUDA graphs and no padding")
+    compile: bool = knob(
+        False, "the model's forward through torch.compile (inductor; CPU and CUDA, one rank)",
+        details="attention, MoE experts and scaled GEMMs stay opaque custom ops; one graph for "
+                "every batch size compiled at start-up (on the CPU two, split at 256 tokens: "
+                "docs/compile.md)")
+    compile_sizes: tuple[int, ...] | None = knob(
+        None, "compile=true: token counts of the warm-up steps run at start-up (the first "
+        "compiles)", ge=1, null="one step of min(16, max_num_seqs) tokens")
+    enable_dbo: bool = knob(
+        False, "micro-batching (vLLM's dual batch overlap): a step over the thresholds runs as "
+        "two micro-batches split at the token midpoint",
+        details="lab/worker/ubatch.py, docs/ubatch.md; under TP > 1 one micro-batch's "
+                "all-reduce overlaps the other's compute; the same outputs")
+    dbo_decode_token_threshold: int = knob(
+        32, "tokens from which enable_dbo splits a pure-decode step", ge=2)
+    dbo_prefill_token_threshold: int = knob(
+        512, "tokens from which enable_dbo splits a step with prefill tokens", ge=2)
+    slo: SLOKnobs = field(default_factory=SLOKnobs)
 
-
-def validate_config(cfg: DictConfig) -> None:
-    """Refuse unknown top-level keys and every knob outside its allowed values (ValueError)."""
-    check_known_keys(cfg)
-    for knob in KNOBS:
-        value = OmegaConf.select(cfg, knob.name)
-        if not knob.ok(value):
-            raise ValueError(f"{knob.name}={_show(value)} is invalid: must be {knob.allowed}")
-    get_class(cfg.attention._target_).check_block_size(cfg.block_size)
-    from lab.platform import resolve_device
-
-    resolve_device(cfg.device)
-    check_parallel_executor(cfg)
-    check_compile(cfg)
-
-
-def check_compile(cfg: DictConfig) -> None:
-    """compile=true runs one rank, and contradicts enforce_eager=true."""
-    if not cfg.compile:
-        return
-    if cfg.enforce_eager:
-        raise ValueError("compile=true is invalid with enforce_eager=true (every step eager): "
-                         "drop one of them")
-    if cfg.tensor_parallel_size > 1:
-        raise ValueError(f"compile=true is invalid with tensor_parallel_size="
-                         f"{cfg.tensor_parallel_size}: the compiled forward runs one rank; use "
-                         "compile=false")
-
-
-def check_parallel_executor(cfg: DictConfig) -> None:
-    """tensor_parallel_size > 1 only with an executor that runs one worker per rank; NCCL only
-    on CUDA."""
-    get_class(cfg.executor._target_).check_tensor_parallel(cfg.tensor_parallel_size)
-    from lab.platform import resolve_device
-
-    if cfg.distributed_backend == "nccl" and resolve_device(cfg.device).type == "cpu":
-        raise ValueError(f"distributed_backend=nccl is invalid with device={cfg.device} (the "
-                         "CPU here): NCCL runs on CUDA only; use distributed_backend=gloo or auto")
-
-
-def check_known_keys(cfg: DictConfig) -> None:
-    """Every top-level key is a group or a knob of lab/conf/config.yaml; every key of a knob's block
-    (slo, sim) is one lab/conf/config.yaml has, or a config group nested in it (sim.step_time)."""
-    declared = declared_knobs()
-    for key in cfg:
-        if not is_known_setting(key):
-            raise ValueError(unknown_setting_message(key, list(declared))
-                             + " (a +key=value override adds a key that nothing reads)")
-        if isinstance(declared.get(key), dict):
-            extra = sorted(set(cfg[key] or {}) - set(declared[key]) - nested_groups(key))
-            if extra:
-                raise ValueError(f"unknown setting '{key}.{extra[0]}': the keys of {key} are "
-                                 f"{', '.join(declared[key])}")
-
-
-def _show(value: Any) -> str:
-    """A value as the command line writes it: null, true, 16, 'cuda:x'."""
-    if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
-    return repr(value) if isinstance(value, str) else str(value)
-
-
-def check_command_line(args: list[str]) -> str | None:
-    """The refusal of the first plain `name=value` override whose top-level name is neither a
-    config group nor a knob of lab/conf/config.yaml, or None. Run before Hydra parses the command
-    line: Hydra's own error for it suggests `+name=value`, which adds a key nothing reads."""
-    for arg in args:
-        if arg.startswith(("-", "+", "~")) or "=" not in arg:
-            continue
-        top = arg.split("=", 1)[0].split("@", 1)[0].split(".", 1)[0]
-        if not is_known_setting(top):
-            return unknown_setting_message(top, list(declared_knobs()))
-    return None
+    @classmethod
+    def of(cls, cfg: Any) -> EngineKnobs:
+        """The engine knobs of a composed config (a DictConfig or a plain mapping)."""
+        return build(cls, {k: cfg[k] for k in cfg if isinstance(k, str)})

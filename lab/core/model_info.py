@@ -17,14 +17,17 @@ class ModelInfo:
     bytes_per_block: int  # KV bytes of one block over all layers (in the cache's dtype)
     weight_bytes: int  # parameters after quantization
     tokenizer_path: Path | None  # a directory with the tokenizer; None: token ids only
+    # its Triton kernels run in Triton's interpreter (no CUDA): slow, so workloads shrink
+    triton_interpreted: bool = False
 
     @classmethod
     def of(cls, hf_config: Any, bytes_per_block: int, weight_bytes: int,
-           tokenizer_path: Path | str | None) -> ModelInfo:
+           tokenizer_path: Path | str | None, triton_interpreted: bool = False) -> ModelInfo:
         """Vocabulary and EOS (the first of a list) read from the HF config."""
         eos = eos_token_ids(hf_config)
         return cls(hf_config, hf_config.vocab_size, eos[0] if eos else None, bytes_per_block,
-                   weight_bytes, None if tokenizer_path is None else Path(tokenizer_path))
+                   weight_bytes, None if tokenizer_path is None else Path(tokenizer_path),
+                   triton_interpreted)
 
 
 def eos_token_ids(hf_config: Any) -> list[int]:

@@ -4,8 +4,8 @@
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8))
 
 A keyword named after a config group picks that group's option; any other keyword sets the engine
-knob of that name (see README). `model` takes a preset name (a file in lab/conf/model/) or a
-checkpoint directory.
+knob of that name (see README). `model` takes a preset name (a `model` option: lab/conf/model/
+or a plug-in's) or a checkpoint directory; `config_path` adds directories of options.
 """
 
 from __future__ import annotations
@@ -16,13 +16,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lab.config.compose import (
-    CONF_DIR,
-    GROUPS,
-    compose_config,
-    set_knobs,
-    without_loggers_unless_given,
-)
+from lab.config.compose import GROUPS, compose_config, set_knobs, without_loggers_unless_given
+from lab.config.plugins import group_options, option_file
 from lab.core.sampling_params import RequestOutputKind, SamplingParams, as_sampling_params
 from lab.engine.llm_engine import LLMEngine, RequestSpec
 from lab.frontend.outputs import RequestOutput
@@ -36,16 +31,18 @@ class LLM:
     """Generate for a batch of prompts with continuous batching, vLLM style."""
 
     def __init__(
-        self, model: str = "tiny_llama", stat_loggers: Sequence[StatLogger] = (), **kwargs: object,
+        self, model: str = "tiny_llama", stat_loggers: Sequence[StatLogger] = (),
+        config_path: Sequence[str | Path] = (), **kwargs: object,
     ) -> None:
         """`stat_loggers` receive every StepStats / RequestStats (e.g. an InMemoryLogger for the
-        full trace; the engine itself keeps only the latest `recent_steps`)."""
+        full trace; the engine itself keeps only the latest `recent_steps`). `config_path`:
+        directories of config groups (options, presets) besides lab's and installed plug-ins'."""
         groups = {k: v for k, v in kwargs.items() if k in GROUPS}
         knobs = {k: v for k, v in kwargs.items() if k not in GROUPS}
-        option = _model_option(model)
+        option = _model_option(model, config_path)
         overrides = [f"{k}={_group_value(v)}" for k, v in groups.items()]
         overrides.append(f"model={option}")
-        cfg = compose_config(without_loggers_unless_given(overrides))
+        cfg = compose_config(without_loggers_unless_given(overrides), config_path)
         if option == "hf" and model != "hf":  # a checkpoint directory
             knobs.setdefault("model.path", str(Path(model).resolve()))
         elif option == "hf" and "model.path" not in knobs:
@@ -131,12 +128,13 @@ class LLM:
                                "(aborted behind the engine's back?)")
 
 
-def _model_option(model: str) -> str:
-    if (CONF_DIR / "model" / f"{model}.yaml").exists():
+def _model_option(model: str, config_path: Sequence[str | Path]) -> str:
+    """A `model` option's name (lab's or a plug-in's), or "hf" for a checkpoint directory."""
+    if option_file("model", model, config_path) is not None:
         return model
     if Path(model).is_dir():
         return "hf"
-    presets = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+    presets = group_options("model", config_path)
     raise ValueError(f"model={model!r} is neither a preset ({', '.join(presets)}) nor a directory")
 
 

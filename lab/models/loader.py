@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from lab.attention.base import AttentionBackend
+from lab.config.dtypes import DTYPE_NAMES, config_dtype_name, resolve_dtype_name
 from lab.distributed.parallel_state import GroupCoordinator
 from lab.layers.ops import LayerOps, TorchOps
 from lab.models.base import CausalLM
@@ -21,34 +22,17 @@ from lab.models.weight_utils import safetensors_weights
 from lab.quant.base import QuantConfig
 from lab.quant.none import NoQuantConfig
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "fp16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
-
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, dtype) for name, dtype in DTYPE_NAMES.items()}
 
 
 def config_dtype(hf_config) -> torch.dtype:
     """The checkpoint's dtype from config (`dtype` or `torch_dtype`), float32 when absent."""
-    value = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
-    if isinstance(value, torch.dtype):
-        return value
-    return DTYPES.get(str(value).removeprefix("torch."), torch.float32)
+    return getattr(torch, config_dtype_name(hf_config))
 
 
 def resolve_dtype(dtype_knob: str, hf_config, device: str | torch.device) -> torch.dtype:
-    """"auto" -> the config's dtype on CUDA, float32 on CPU; else one of DTYPES' names."""
-    knob = str(dtype_knob).lower()
-    if knob == "auto":
-        return config_dtype(hf_config) if torch.device(device).type == "cuda" else torch.float32
-    if knob not in DTYPES:
-        raise ValueError(f"dtype={dtype_knob!r} is not supported (allowed: auto, {', '.join(DTYPES)})")
-    return DTYPES[knob]
+    """"auto" -> the config's dtype on CUDA, float32 on CPU; else the knob's dtype."""
+    return getattr(torch, resolve_dtype_name(dtype_knob, hf_config, torch.device(device).type))
 
 
 @contextmanager

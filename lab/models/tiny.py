@@ -45,27 +45,31 @@ SPLIT_REGEX = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
-MODEL_CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"  # the `model` group
-
-
 def preset_names() -> list[str]:
-    """The `model` options that are tiny presets (lab/conf/model/*.yaml with a `preset:`), sorted."""
-    return [p.stem for p in sorted(MODEL_CONF_DIR.glob("*.yaml")) if "preset" in _option(p.stem)]
+    """The `model` options that are tiny presets (a `preset:` mapping; lab's lab/conf/model/*.yaml
+    and installed plug-ins'), sorted."""
+    from lab.config.plugins import group_options
+
+    return [name for name in group_options("model") if "preset" in _option(name)]
 
 
 def preset(name: str) -> dict:
-    """The preset of lab/conf/model/<name>.yaml as a plain dict; ValueError listing the presets when
-    there is none."""
-    option = _option(name) if (MODEL_CONF_DIR / f"{name}.yaml").is_file() else {}
+    """The preset of the `model` option `name` as a plain dict; ValueError listing the presets
+    when there is none."""
+    option = _option(name)
     if "preset" not in option:
         raise ValueError(f"unknown tiny model {name!r} (presets: {', '.join(preset_names())})")
     return option["preset"]
 
 
 def _option(name: str) -> dict:
+    """A `model` option's YAML as a dict ({} when there is no such option)."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.load(MODEL_CONF_DIR / f"{name}.yaml"))
+    from lab.config.plugins import option_file
+
+    path = option_file("model", name)
+    return OmegaConf.to_container(OmegaConf.load(path)) if path is not None else {}
 
 
 def preset_hash(spec: dict) -> str:

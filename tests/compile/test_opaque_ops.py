@@ -10,7 +10,7 @@ from lab.attention.base import AttentionBackend
 from lab.compile import warmup_sizes
 from lab.compile.opaque_ops import StepContext, reset_step_context, step_context
 from lab.config.compose import compose_config
-from lab.config.knobs import validate_config
+from lab.config.validate import validate_config
 
 
 class EchoBackend(AttentionBackend):

@@ -19,12 +19,11 @@ import pytest
 from hydra.utils import instantiate
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from omegaconf import OmegaConf
 
 from lab.core.request import RequestStatus
 from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.engine.core import EngineCore
-from tests.options import CONF_DIR, options
+from tests.options import option_yaml, options
 from tests.scheduler.fakes import (
     ModelFreeExecutor,
     check_outcomes,
@@ -144,7 +143,7 @@ def _check_prefix_cache(s, reqs) -> None:
 
 def _build(group: str, option: str):
     """The plug-in of lab/conf/<group>/<option>.yaml (these options need no runtime arguments)."""
-    return instantiate(OmegaConf.load(CONF_DIR / group / f"{option}.yaml"))
+    return instantiate(option_yaml(group, option))
 
 
 def _run(core, s, executor, requests):

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from lab import LLM, SamplingParams
-from lab.config.compose import CONF_DIR
+from tests.options import options
 
-SCHEDULERS = sorted(p.stem for p in (CONF_DIR / "scheduler").glob("*.yaml"))
-PREEMPTIONS = sorted(p.stem for p in (CONF_DIR / "preemption").glob("*.yaml"))
+SCHEDULERS = options("scheduler")
+PREEMPTIONS = options("preemption")
 SP = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 

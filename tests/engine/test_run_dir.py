@@ -10,7 +10,7 @@ import pytest
 
 from lab import run
 from lab.config.compose import load_run_config
-from lab.config.knobs import validate_config
+from lab.config.validate import validate_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ def test_a_plain_unknown_override_is_refused_with_the_knobs(tmp_path):
     (["model.path=/x", "workload.num_requests=3", "max_num_seqs=4"], None),
 ])
 def test_command_line_check(args, refused):
-    from lab.config.knobs import check_command_line
+    from lab.config.validate import check_command_line
 
     message = check_command_line(args)
     assert (message is None) if refused is None else f"unknown setting {refused!r}" in message

@@ -1,12 +1,15 @@
 """Every engine knob is checked where the config is composed, with a message naming the knob and
-its allowed values; unknown keys are refused with the list of knobs (lab/config/knobs.py)."""
+its allowed values (from its one declaration, lab/config/knobs.py); unknown keys are refused with
+the list of knobs (lab/config/validate.py)."""
 
 import pytest
 import torch
 from hydra.utils import get_class
+from omegaconf import OmegaConf
 
-from lab.config.compose import compose_config
-from lab.config.knobs import KNOBS, declared_knobs, validate_config
+from lab.config.compose import CONF_DIR, compose_config
+from lab.config.plugins import declared_knobs
+from lab.config.validate import validate_config
 from lab.engine.llm_engine import LLMEngine
 from lab.platform import resolve_device
 from tests.options import options
@@ -55,12 +58,20 @@ def test_a_bad_knob_is_refused_naming_it_and_its_range(override, allowed):
     assert allowed in str(e.value) and value in str(e.value)
 
 
-def test_every_knob_of_config_yaml_has_a_rule_and_the_defaults_pass():
-    declared = declared_knobs()
-    flat = {f"{k}.{sub}" if isinstance(v, dict) else k
-            for k, v in declared.items() for sub in (v if isinstance(v, dict) else [None])}
-    assert {k.name for k in KNOBS} == flat
-    validate_config(compose_config())
+def test_every_declared_knob_is_composed_with_its_default_and_passes_its_rule():
+    cfg = compose_config()
+    for knob in declared_knobs():
+        assert OmegaConf.select(cfg, knob.name) == (
+            list(knob.default) if isinstance(knob.default, tuple) else knob.default), knob.name
+        assert knob.ok(knob.default), knob.name
+    validate_config(cfg)
+
+
+def test_config_yaml_declares_no_knob():
+    """One declaration per knob: lab/conf/config.yaml holds the defaults list and Hydra's own
+    settings only; the knobs' defaults come from their declarations."""
+    raw = OmegaConf.load(CONF_DIR / "config.yaml")
+    assert set(raw) == {"defaults", "hydra"}
 
 
 @pytest.mark.parametrize("attention", options("attention"))

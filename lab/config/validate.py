@@ -1,0 +1,117 @@
+"""Every knob checked once a config is composed — by run.py before it writes the run directory,
+by LLMEngine for every other path (the offline `LLM`, `lab serve`, benchmarks, tests).
+
+    validate_config(cfg)   # ValueError naming the setting and its allowed values, else None
+
+The rules are the knobs' declarations (lab/config/knob.py); only declared names are knobs:
+`+name=value` on the command line adds a key that nothing reads, so it is refused with the list
+of knobs. Checks that need a component's class (the block sizes the attention backend supports,
+whether the executor runs several ranks) or the machine (whether CUDA is there for
+`device=cuda`) run here too, so the user meets the knob-named message before anything is built;
+the components keep their own checks as a second line of defence.
+"""
+
+from __future__ import annotations
+
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+
+from lab.config.compose import (
+    GROUPS,
+    is_known_setting,
+    nested_groups,
+    unknown_setting_message,
+)
+from lab.config.plugins import declared_knobs
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Refuse unknown keys, every knob outside its allowed values, and knobs the chosen
+    components or this machine cannot run (ValueError)."""
+    validate_knobs(cfg)
+    check_components(cfg)
+
+
+def validate_knobs(cfg: DictConfig) -> None:
+    """Unknown keys and knobs outside their declared values (no component is imported: an
+    engine-core process's frontend checks this much, the core the rest)."""
+    knobs = declared_knobs()
+    check_known_keys(cfg, {k.name for k in knobs})
+    for knob in knobs:
+        value = OmegaConf.select(cfg, knob.name)
+        if not knob.ok(value):
+            raise ValueError(knob.refusal(value))
+
+
+def check_components(cfg: DictConfig) -> None:
+    """What the chosen components and this machine allow: the attention backend's block sizes
+    (when the executor runs a model), the executor's ranks, the device, compile's limits."""
+    executor = get_class(cfg.executor._target_)
+    if executor.runs_kernels:
+        get_class(cfg.attention._target_).check_block_size(cfg.block_size)
+        check_device(cfg)
+    check_parallel_executor(cfg)
+    check_compile(cfg)
+
+
+def check_device(cfg: DictConfig) -> None:
+    """A CUDA device must exist here (torch is imported only for a device other than the CPU)."""
+    if cfg.device != "cpu":
+        from lab.platform import resolve_device
+
+        resolve_device(cfg.device)
+
+
+def check_compile(cfg: DictConfig) -> None:
+    """compile=true runs one rank, and contradicts enforce_eager=true."""
+    if not cfg.compile:
+        return
+    if cfg.enforce_eager:
+        raise ValueError("compile=true is invalid with enforce_eager=true (every step eager): "
+                         "drop one of them")
+    if cfg.tensor_parallel_size > 1:
+        raise ValueError(f"compile=true is invalid with tensor_parallel_size="
+                         f"{cfg.tensor_parallel_size}: the compiled forward runs one rank; use "
+                         "compile=false")
+
+
+def check_parallel_executor(cfg: DictConfig) -> None:
+    """tensor_parallel_size > 1 only with an executor that runs one worker per rank; NCCL only
+    on CUDA."""
+    get_class(cfg.executor._target_).check_tensor_parallel(cfg.tensor_parallel_size)
+    if cfg.distributed_backend != "nccl":
+        return
+    from lab.platform import resolve_device
+
+    if resolve_device(cfg.device).type == "cpu":
+        raise ValueError(f"distributed_backend=nccl is invalid with device={cfg.device} (the "
+                         "CPU here): NCCL runs on CUDA only; use distributed_backend=gloo or auto")
+
+
+def check_known_keys(cfg: DictConfig, names: set[str]) -> None:
+    """Every top-level key is a group, a knob or a knob block; every key of a block (slo, sim)
+    is a knob declared in it, or a config group nested in it (sim.step_time)."""
+    blocks = {n.split(".", 1)[0] for n in names if "." in n}
+    for key in cfg:
+        if not is_known_setting(key):
+            raise ValueError(unknown_setting_message(key)
+                             + " (a +key=value override adds a key that nothing reads)")
+        if key in blocks and key not in GROUPS:
+            declared = sorted(n.split(".", 1)[1] for n in names if n.startswith(f"{key}."))
+            extra = sorted(set(cfg[key] or {}) - set(declared) - nested_groups(key))
+            if extra:
+                raise ValueError(f"unknown setting '{key}.{extra[0]}': the keys of {key} are "
+                                 f"{', '.join(declared)}")
+
+
+def check_command_line(args: list[str]) -> str | None:
+    """The refusal of the first plain `name=value` override whose top-level name is neither a
+    config group nor a knob, or None. Run before Hydra parses the command line: Hydra's own
+    error for it suggests `+name=value`, which adds a key nothing reads."""
+    for arg in args:
+        if arg.startswith(("-", "+", "~")) or "=" not in arg:
+            continue
+        top = arg.split("=", 1)[0].split("@", 1)[0].split(".", 1)[0]
+        if not is_known_setting(top):
+            return unknown_setting_message(top)
+    return None
