@@ -39,6 +39,7 @@ from pathlib import Path
 from lab.cache.hashing import make_block_hasher
 from lab.cache.manager import KVCacheManager
 from lab.config.compose import compose_config
+from lab.config.worker import WorkerConfig
 from lab.core.request import Request
 from lab.core.sampling_params import SamplingParams
 from lab.engine.core import freeze_gc_heap, unfreeze_gc_heap
@@ -46,7 +47,6 @@ from lab.engine.llm_engine import LLMEngine, RequestSpec
 from lab.executor.sim import SimExecutor
 from lab.scheduler import FCFSQueue, RecomputePreemption, Scheduler, SchedulerConfig
 from lab.sim.step_time.constant import ConstantStepTime
-from lab.worker.config import WorkerConfig
 
 
 def make_trace(n: int, seed: int, vocab: int = 32000) -> list[tuple[list[int], int]]:

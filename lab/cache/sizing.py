@@ -3,28 +3,20 @@ real workers and the simulator size their caches with the same rules)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Protocol
 
 from lab.core.model_info import max_positions
 
 CPU_AUTO_KV_CAP_GB = 1.0  # cpu_kv_cache_gb=null never takes more than this
 
 
-@dataclass
-class CacheSizing:
-    """How the number of KV blocks is chosen: an explicit count, or a memory budget."""
+class CacheSizing(Protocol):
+    """How the number of KV blocks is chosen: an explicit count, or a memory budget (the knobs
+    num_gpu_blocks, gpu_memory_utilization and cpu_kv_cache_gb: EngineKnobs has them)."""
 
-    num_gpu_blocks: int | None = None
-    gpu_memory_utilization: float = 0.9
-    cpu_kv_cache_gb: float | None = None  # None: room for one request of the model's context
-
-    def __post_init__(self) -> None:
-        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
-            raise ValueError(f"num_gpu_blocks={self.num_gpu_blocks} must be >= 2 (block 0 is null)")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError("gpu_memory_utilization must be in (0, 1]")
-        if self.cpu_kv_cache_gb is not None and self.cpu_kv_cache_gb <= 0:
-            raise ValueError("cpu_kv_cache_gb must be > 0 (or null)")
+    num_gpu_blocks: int | None
+    gpu_memory_utilization: float
+    cpu_kv_cache_gb: float | None  # None: room for one request of the model's context
 
 
 def cpu_kv_bytes(

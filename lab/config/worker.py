@@ -1,48 +1,38 @@
 """WorkerConfig: everything a worker needs to load its model and run steps, built once by the
-engine from the composed config and handed to the executor (which builds its worker(s) from it).
+engine's builder (lab/engine/builder.py) from the composed config and handed to the executor,
+which builds its worker(s) from it — or, for the simulator, reads the sizes it models.
 
-Plain data (no torch import), frozen: a worker cannot change what the engine decided.
+Plain data (no torch import), frozen: a worker cannot change what the engine decided. The knobs
+travel as the one typed object they are declared as (EngineKnobs), so a new knob reaches the
+worker without a field here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.config.knobs import EngineKnobs
 from lab.distributed.config import ParallelConfig
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """The worker's half of the engine config."""
+    """The worker's half of the engine config: the model, the components, the knobs."""
 
     model_path: Path
     attention: Any  # AttentionBackend (lab/conf/attention)
     kernels: Any  # LayerOps (lab/conf/kernels)
     quant: Any = None  # QuantConfig (lab/conf/quant); None = unquantized
-    device: str = "auto"
-    dtype: str = "auto"
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    seed: int = 0
     kv_cache_dtype: str = "auto"  # cache.dtype: auto (the model's) | fp8
     # lab/conf/logits_processors: factories (Hydra partials) called with a LogitsProcessorContext
     logits_processors: tuple[Any, ...] = ()
-    # how the model is split over ranks (tensor_parallel_size, distributed_backend knobs);
-    # world size 1: one worker, no process group
-    parallel: ParallelConfig = ParallelConfig()
-    expert_parallel: bool = False  # MoE: whole experts per rank instead of a slice of each
-    # decode batch sizes padded to and captured as CUDA graphs (lab/worker/cudagraph.py); None:
-    # vLLM's default sizes on CUDA, none on a CPU; enforce_eager: never pad or capture
-    cudagraph_capture_sizes: tuple[int, ...] | None = None
-    enforce_eager: bool = False
-    # compile=true (lab/compile): the forward through torch.compile, compiled at start-up by
-    # warm-up steps of `compile_sizes` tokens (None: one decode-sized step)
-    compile: bool = False
-    compile_sizes: tuple[int, ...] | None = None
-    # micro-batching (lab/worker/ubatch.py): split a step of at least the threshold's tokens
-    enable_dbo: bool = False
-    dbo_decode_token_threshold: int = 32
-    dbo_prefill_token_threshold: int = 512
+    knobs: EngineKnobs = field(default_factory=EngineKnobs)
+
+    @property
+    def parallel(self) -> ParallelConfig:
+        """How the model is split over ranks (tensor_parallel_size, distributed_backend); world
+        size 1: one worker, no process group."""
+        return ParallelConfig(tensor_parallel_size=self.knobs.tensor_parallel_size,
+                              backend=self.knobs.distributed_backend)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lab.core.logprobs import LogprobsLists
+from lab.core.model_info import ModelInfo
 from lab.core.sampling_params import SamplingParams
 from lab.core.stats import RequestStats, StepStats
 
@@ -86,3 +87,13 @@ class CoreStatus:
     num_used_blocks: int
     num_blocks: int
     num_swapped_reqs: int
+
+
+@dataclass(frozen=True)
+class CoreInfo:
+    """What the frontend learns from the core it built (or that a core process sends back)."""
+
+    model_info: ModelInfo
+    num_blocks: int
+    max_model_len: int
+    kv_bytes_per_token: int

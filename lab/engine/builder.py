@@ -6,61 +6,46 @@ the benchmarks build through it; it decides nothing itself (every piece is the c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from importlib import import_module
-
-import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lab.cache.hashing import make_block_hasher
-from lab.cache.sizing import CacheSizing
-from lab.core.model_info import ModelInfo, model_context_limit
-from lab.distributed.config import ParallelConfig
+from lab.config.knobs import EngineKnobs
+from lab.config.validate import check_components
+from lab.config.worker import WorkerConfig
+from lab.core.model_info import model_context_limit
+from lab.core.protocol import CoreInfo
 from lab.engine.core import EngineCore, freeze_gc_heap
 from lab.platform import usable_cpu_cores
 from lab.scheduler.async_scheduler import AsyncScheduler
 from lab.scheduler.scheduler import Scheduler, SchedulerConfig
-from lab.worker.config import WorkerConfig
-
-
-@dataclass(frozen=True)
-class CoreInfo:
-    """What the frontend learns from the core it built (or that a core process sends back)."""
-
-    model_info: ModelInfo
-    num_blocks: int
-    max_model_len: int
-    kv_bytes_per_token: int
-    triton_interpreted: bool
 
 
 def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
     """The engine core of a composed config: executor (and its worker), KV cache, scheduler."""
+    check_components(cfg)  # what the components and the machine allow, before anything is built
     wc = worker_config(cfg)
+    knobs = wc.knobs
     executor = instantiate(cfg.executor)(config=wc)
-    interpreted = bool(executor.runs_kernels and uses_triton(wc) and (
-        import_module("lab.kernels").warn_if_interpreted()))
     clock = executor.clock  # one clock for engine, core and scheduler
     info = executor.model_info()
-    num_blocks = executor.determine_num_blocks(CacheSizing(
-        cfg.num_gpu_blocks, cfg.gpu_memory_utilization, cfg.cpu_kv_cache_gb))
+    num_blocks = executor.determine_num_blocks(knobs)
     max_model_len = resolve_max_model_len(
-        cfg.max_model_len, info.hf_config, num_blocks, cfg.block_size)
+        knobs.max_model_len, info.hf_config, num_blocks, knobs.block_size)
     kv = instantiate(cfg.cache)(num_blocks=num_blocks, max_model_len=max_model_len,
                                 bytes_per_block=info.bytes_per_block)
-    config = SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, max_model_len,
-                             cfg.long_prefill_token_threshold)
-    scheduler_cls = AsyncScheduler if cfg.async_scheduling else Scheduler
+    config = SchedulerConfig(knobs.max_num_seqs, knobs.max_num_batched_tokens, max_model_len,
+                             knobs.long_prefill_token_threshold)
+    scheduler_cls = AsyncScheduler if knobs.async_scheduling else Scheduler
     scheduler = scheduler_cls(config, kv, instantiate(cfg.scheduler),
                               instantiate(cfg.preemption), clock=clock.now)
     executor.initialize_cache(num_blocks, max_model_len, num_swap_blocks(scheduler))
     core = EngineCore(scheduler, executor, clock=clock.now,
-                      block_hasher=make_block_hasher(cfg.block_size),
-                      async_scheduling=cfg.async_scheduling)
+                      block_hasher=make_block_hasher(knobs.block_size),
+                      async_scheduling=knobs.async_scheduling)
     freeze_gc_heap()  # started (weights loaded, warmed up, compiled): what stays is static
     return core, CoreInfo(info, num_blocks, max_model_len,
-                          info.bytes_per_block // cfg.block_size, interpreted)
+                          info.bytes_per_block // knobs.block_size)
 
 
 def set_cpu_threads(knob: int | None, engine_client: str) -> None:
@@ -73,6 +58,8 @@ def set_cpu_threads(knob: int | None, engine_client: str) -> None:
     n = knob if knob is not None else (
         cpu_threads_for_server_core() if engine_client == "async_mp" else None)
     if n is not None:
+        import torch
+
         torch.set_num_threads(n)
 
 
@@ -80,40 +67,20 @@ def cpu_threads_for_server_core() -> int:
     return max(1, usable_cpu_cores() - 1)
 
 
-def uses_triton(wc: WorkerConfig) -> bool:
-    """Whether the worker launches Triton kernels: its attention backend or its layer ops say so
-    (a triton_* backend; kernels=triton, or auto on CUDA)."""
-    return wc.attention.uses_triton or wc.kernels.uses_triton
-
-
 def worker_config(cfg: DictConfig) -> WorkerConfig:
-    """The worker's half of a composed engine config."""
+    """The worker's half of a composed engine config: the model, its components' options (plain
+    data: each worker builds its own, in its process), the knobs."""
     return WorkerConfig(
-        model_path=instantiate(cfg.model).path(), attention=instantiate(cfg.attention),
-        kernels=instantiate(cfg.kernels), quant=instantiate(cfg.quant), device=cfg.device,
-        dtype=cfg.dtype, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed,
+        model_path=instantiate(cfg.model).path(), attention=option_spec(cfg.attention),
+        kernels=option_spec(cfg.kernels), quant=option_spec(cfg.quant),
         kv_cache_dtype=cfg.cache.get("dtype", "auto"),
-        logits_processors=logits_processor_factories(cfg),
-        parallel=ParallelConfig(tensor_parallel_size=cfg.tensor_parallel_size,
-                                backend=cfg.distributed_backend),
-        expert_parallel=cfg.expert_parallel, enable_dbo=cfg.enable_dbo,
-        dbo_decode_token_threshold=cfg.dbo_decode_token_threshold,
-        dbo_prefill_token_threshold=cfg.dbo_prefill_token_threshold,
-        cudagraph_capture_sizes=capture_sizes_knob(cfg), enforce_eager=cfg.enforce_eager,
-        compile=cfg.compile, compile_sizes=compile_sizes_knob(cfg))
+        logits_processors=tuple(option_spec(c) for c in (cfg.get("logits_processors") or {}).values()),
+        knobs=EngineKnobs.of(cfg))
 
 
-def compile_sizes_knob(cfg: DictConfig) -> tuple[int, ...] | None:
-    """The compile_sizes knob as a tuple (None: one decode-sized warm-up step)."""
-    sizes = cfg.compile_sizes
-    return None if sizes is None else tuple(int(s) for s in sizes)
-
-
-def capture_sizes_knob(cfg: DictConfig) -> tuple[int, ...] | None:
-    """The cudagraph_capture_sizes knob as a tuple (None: the device's default)."""
-    sizes = cfg.cudagraph_capture_sizes
-    return None if sizes is None else tuple(int(s) for s in sizes)
+def option_spec(node: DictConfig) -> dict:
+    """An option's config as plain data, interpolations resolved: what instantiate() builds."""
+    return OmegaConf.to_container(node, resolve=True)
 
 
 def logits_processor_factories(cfg: DictConfig) -> tuple:

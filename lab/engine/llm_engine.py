@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig
 
 from lab.clock import Clock
-from lab.config.knobs import validate_config
+from lab.config.validate import validate_knobs
 from lab.core.protocol import CoreStatus, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from lab.core.request import RequestStatus
 from lab.core.sampling_params import SamplingParams
@@ -38,7 +38,7 @@ class LLMEngine:
     def __init__(
         self, cfg: DictConfig, loggers: list[StatLogger] | None = None, stats_window: int = 1000,
     ) -> None:
-        validate_config(cfg)  # every knob named with its allowed values before anything is built
+        validate_knobs(cfg)  # every knob named with its allowed values before anything starts
         self.cfg = cfg
         if cfg.engine_client in ("mp", "async_mp"):  # the core in its own process
             from lab.engine.client import AsyncMPClient, MPClient
@@ -56,7 +56,7 @@ class LLMEngine:
         self.num_blocks, self.max_model_len = info.num_blocks, info.max_model_len
         self.kv_bytes_per_token = info.kv_bytes_per_token
         # whether this run's Triton kernels run in Triton's interpreter (slow: smaller workloads)
-        self.triton_interpreted = info.triton_interpreted
+        self.triton_interpreted = info.model_info.triton_interpreted
         path = info.model_info.tokenizer_path
         self.tokenizer = load_tokenizer(path) if path else None
         self.processor = Processor(self.tokenizer, info.model_info, self.max_model_len,

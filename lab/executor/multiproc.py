@@ -46,6 +46,7 @@ from typing import Any
 
 import zmq
 
+from lab.config.worker import WorkerConfig
 from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.distributed.launch import PRELOAD, mp_context, tcp_init_method, watch_parent
 from lab.executor.base import call_worker
@@ -57,7 +58,6 @@ from lab.executor.distributed import (
     rank_failure,
 )
 from lab.executor.pipeline import InOrderSteps, StepFuture
-from lab.worker.config import WorkerConfig
 
 RANK_PRELOAD = [*PRELOAD, "lab.worker.worker", "lab.executor.multiproc"]
 SHUTDOWN = b"shutdown"

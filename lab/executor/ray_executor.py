@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lab.config.worker import WorkerConfig
 from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.distributed.launch import free_port
 from lab.executor.base import call_worker
@@ -42,7 +43,6 @@ from lab.executor.distributed import (
     rank_failure,
 )
 from lab.executor.pipeline import InOrderSteps, StepFuture
-from lab.worker.config import WorkerConfig
 
 ACTOR_DIED = "(its Ray actor) died"
 PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
@@ -123,7 +123,7 @@ class RayExecutor(DistributedExecutor):
 
         from lab.platform import resolve_device
 
-        self.on_gpu = resolve_device(config.device).type == "cuda"
+        self.on_gpu = resolve_device(config.knobs.device).type == "cuda"
         resource = {"GPU": 1} if self.on_gpu else {"CPU": 1}
         self.group.pg = placement_group([resource] * self.world_size, strategy=strategy)
         ready, _ = self.ray.wait([self.group.pg.ready()], timeout=timeout_s)

@@ -28,13 +28,14 @@ from pathlib import Path
 
 from lab.cache.sizing import CacheSizing, cpu_kv_bytes
 from lab.clock import VirtualClock
+from lab.config.dtypes import DTYPE_BYTES, resolve_dtype_name
+from lab.config.worker import WorkerConfig
 from lab.core.model_info import ModelInfo, eos_token_ids
 from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.executor.base import Executor
 from lab.sim.device import DeviceSpec, device_spec
 from lab.sim.model_shape import QUANT_WEIGHT_BYTES, ModelShape
 from lab.sim.step_time import SimTarget, StepTimeModel
-from lab.worker.config import WorkerConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class SimExecutor(Executor):
         self.target = sim_target(self.hf_config, self.device, config)
         self.step_time = step_time.bind(self.target)
         self.clock = VirtualClock()
-        self.bytes_per_block = self.target.kv_bytes_per_token * config.block_size
+        self.bytes_per_block = self.target.kv_bytes_per_token * config.knobs.block_size
         self.num_blocks = 0
         self.states: dict[str, _SimState] = {}
         self.eos_ids = frozenset(eos_token_ids(self.hf_config))
@@ -81,10 +82,10 @@ class SimExecutor(Executor):
             return sizing.num_gpu_blocks
         if self.device.is_cpu:
             available = cpu_kv_bytes(sizing.cpu_kv_cache_gb, self.hf_config,
-                                     self.config.block_size, self.bytes_per_block)
+                                     self.config.knobs.block_size, self.bytes_per_block)
         else:
             available = gpu_kv_bytes(self.target, sizing.gpu_memory_utilization,
-                                     self.config.max_num_batched_tokens, self.config.max_num_seqs)
+                                     self.config.knobs.max_num_batched_tokens, self.config.knobs.max_num_seqs)
         num_blocks = available // self.bytes_per_block
         if num_blocks < 2:
             raise RuntimeError(
@@ -104,8 +105,8 @@ class SimExecutor(Executor):
         could only hold more prefix cache), and building their pool takes most of the run."""
         from lab.core.model_info import model_context_limit
 
-        per_request = -(-model_context_limit(self.hf_config) // self.config.block_size)
-        return self.config.max_num_seqs * per_request + 1
+        per_request = -(-model_context_limit(self.hf_config) // self.config.knobs.block_size)
+        return self.config.knobs.max_num_seqs * per_request + 1
 
     def initialize_cache(
         self, num_blocks: int, max_model_len: int, num_swap_blocks: int = 0
@@ -156,26 +157,23 @@ def sim_target(hf_config, device: DeviceSpec, config: WorkerConfig) -> SimTarget
     """The model's shape and byte widths as the run would have them on `device`: dtype auto is
     fp32 on the cpu and the checkpoint's dtype on a GPU; cache.dtype fp8 stores 1-byte KV;
     quant fp8/int8 (or an fp8 checkpoint) store 1-byte linear weights, w4a16 half a byte."""
-    from lab.attention.base import kv_cache_torch_dtype
-    from lab.models.loader import resolve_dtype
-
-    dtype = resolve_dtype(config.dtype, hf_config, "cpu" if device.is_cpu else "cuda")
-    kv_bytes = kv_cache_torch_dtype(config.kv_cache_dtype, dtype).itemsize
-    dtype_bytes = dtype.itemsize
+    dtype = resolve_dtype_name(config.knobs.dtype, hf_config, "cpu" if device.is_cpu else "cuda")
+    dtype_bytes = DTYPE_BYTES[dtype]
+    kv_bytes = 1 if config.kv_cache_dtype == "fp8" else dtype_bytes
     return SimTarget(ModelShape.from_hf_config(hf_config), device, dtype_bytes,
                      linear_weight_bytes(hf_config, config.quant, dtype_bytes), kv_bytes)
 
 
-def linear_weight_bytes(hf_config, quant, dtype_bytes: float) -> float:
-    """Bytes per linear weight: the `quant` option's, else the checkpoint's own
-    quantization_config (an fp8 checkpoint), else the model dtype's."""
-    name = getattr(quant, "name", "none")
-    if name == "none":
-        checkpoint = getattr(hf_config, "quantization_config", None) or {}
-        if not isinstance(checkpoint, dict):
-            checkpoint = checkpoint.to_dict()
-        name = checkpoint.get("quant_method", "none")
-    return QUANT_WEIGHT_BYTES.get(name, dtype_bytes)
+def linear_weight_bytes(hf_config, quant: dict | None, dtype_bytes: float) -> float:
+    """Bytes per linear weight: the `quant` option's (by its class, QUANT_WEIGHT_BYTES), else the
+    checkpoint's own quantization_config (an fp8 checkpoint), else the model dtype's."""
+    target = (quant or {}).get("_target_", "")
+    if target.rsplit(".", 1)[-1] in QUANT_WEIGHT_BYTES:
+        return QUANT_WEIGHT_BYTES[target.rsplit(".", 1)[-1]]
+    checkpoint = getattr(hf_config, "quantization_config", None) or {}
+    if not isinstance(checkpoint, dict):
+        checkpoint = checkpoint.to_dict()
+    return QUANT_WEIGHT_BYTES.get(checkpoint.get("quant_method", "none"), dtype_bytes)
 
 
 def gpu_kv_bytes(target: SimTarget, utilization: float, max_tokens: int, max_seqs: int) -> int:

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from lab.cache.sizing import CacheSizing
+from lab.config.worker import WorkerConfig
 from lab.core.model_info import ModelInfo
 from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.executor.base import Executor, call_worker
 from lab.executor.pipeline import StepFuture, ThreadedSteps
-from lab.worker.config import WorkerConfig
 from lab.worker.worker import Worker
 
 

@@ -25,8 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-#: bytes per linear-layer weight element under each `quant` option (none: the model dtype)
-QUANT_WEIGHT_BYTES = {"fp8": 1.0, "int8": 1.0, "w4a16": 0.5}
+# bytes per linear weight of lab's quant methods (by their QuantConfig class, the `quant` option's
+# _target_) and of checkpoints' own quantization_config (by its quant_method)
+QUANT_WEIGHT_BYTES = {"Fp8Config": 1.0, "Int8Config": 1.0, "W4A16Config": 0.5,
+                      "fp8": 1.0, "int8": 1.0, "w4a16": 0.5}
 
 
 def _get(cfg: Any, name: str, default: Any = None) -> Any:

@@ -35,6 +35,7 @@ import torch
 
 from lab.attention.base import AttentionBackend, KVCache, KVScales
 from lab.cache.block_table import BlockTable
+from lab.config.knobs import EngineKnobs
 from lab.core.logprobs import LogprobsLists
 from lab.core.step import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lab.distributed.parallel_state import GroupCoordinator
@@ -55,7 +56,7 @@ from lab.worker.request_state import CachedRequestState
 from lab.worker.sampling_state import NO_LOGPROBS, SamplingRows
 from lab.worker.step_logprobs import prompt_logprobs, sampled_logprobs
 from lab.worker.swap import BlockSwapper
-from lab.worker.ubatch import UbatchConfig, UbatchKnobs, run_model
+from lab.worker.ubatch import UbatchKnobs, run_model
 
 
 class ModelRunner:
@@ -94,7 +95,7 @@ class ModelRunner:
                                                       max_num_reqs),
                                     self.block_table.max_blocks_per_req, device, pin)
         self.cudagraph_sizes = tuple(cudagraph_sizes)
-        self.ubatch = ubatch or UbatchConfig()
+        self.ubatch = ubatch or EngineKnobs()  # the declared defaults: micro-batching off
         self.padded: PaddedDecode | None = None
         self.prompt_logprobs_reqs: dict[str, None] = {}  # requests still owed prompt logprobs
         self.kv_caches: list[torch.Tensor] = []

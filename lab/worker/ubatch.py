@@ -46,20 +46,11 @@ if TYPE_CHECKING:
 
 
 class UbatchKnobs(Protocol):
-    """The engine knobs of micro-batching (WorkerConfig has them; so does UbatchConfig)."""
+    """The engine knobs of micro-batching (declared in lab/config/knobs.py: EngineKnobs)."""
 
     enable_dbo: bool
     dbo_decode_token_threshold: int
     dbo_prefill_token_threshold: int
-
-
-@dataclass(frozen=True)
-class UbatchConfig:
-    """vLLM's names and defaults: split a pure-decode step of >= 32 tokens, another of >= 512."""
-
-    enable_dbo: bool = False
-    dbo_decode_token_threshold: int = 32
-    dbo_prefill_token_threshold: int = 512
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,12 @@ import time
 from pathlib import Path
 
 import torch
+from hydra.utils import instantiate
 
 from lab.attention.base import KVCacheSpec, kv_cache_torch_dtype
 from lab.cache.sizing import CacheSizing, cpu_kv_bytes
 from lab.compile import CompileOptions, compile_model, warmup_sizes
+from lab.config.worker import WorkerConfig
 from lab.core.model_info import ModelInfo, eos_token_ids, max_positions
 from lab.core.sampling_params import SamplingParams
 from lab.core.step import ModelRunnerOutput, NewRequestData, SchedulerOutput
@@ -28,19 +30,18 @@ from lab.distributed.parallel_state import (
     init_parallel_state,
     single_process_state,
 )
+from lab.kernels import warn_if_interpreted
 from lab.layers.ops import LayerOps
 from lab.logits_processors.base import LogitsProcessorContext
 from lab.models.loader import load_model, resolve_dtype
 from lab.platform import rank_device
 from lab.quant.base import weight_bytes
-from lab.worker.config import WorkerConfig
 from lab.worker.cudagraph import resolve_capture_sizes
 from lab.worker.memory import CudaMemory, DeviceMemory, profile_memory
 from lab.worker.model_runner import ModelRunner
 from lab.worker.swap import BlockSwapper
 
 log = logging.getLogger(__name__)
-
 
 
 class Worker:
@@ -54,7 +55,7 @@ class Worker:
         cores; None keeps torch's setting)."""
         self.config = config
         self.rank = rank
-        self.device = rank_device(config.device, rank, config.parallel.world_size)
+        self.device = rank_device(config.knobs.device, rank, config.parallel.world_size)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         elif cpu_threads is not None:
@@ -63,23 +64,27 @@ class Worker:
             CudaMemory(self.device) if self.device.type == "cuda" else None)
         self.state = self._join_group(init_method)
         self.kv_cache_dtype = config.kv_cache_dtype  # cache.dtype: auto (the model's) | fp8
-        torch.manual_seed(config.seed)
-        self.attn_backend = config.attention
-        self.block_size = config.block_size
-        self.max_num_seqs = config.max_num_seqs
-        self.max_num_batched_tokens = config.max_num_batched_tokens
+        torch.manual_seed(config.knobs.seed)
+        # the components, built here from their options (in this rank's process)
+        self.attn_backend = instantiate(config.attention)
+        self.block_size = config.knobs.block_size
+        self.max_num_seqs = config.knobs.max_num_seqs
+        self.max_num_batched_tokens = config.knobs.max_num_batched_tokens
         self.cudagraph_sizes = resolve_capture_sizes(
-            config.cudagraph_capture_sizes, config.enforce_eager, self.device,
-            config.max_num_seqs, config.max_num_batched_tokens)
+            config.knobs.cudagraph_capture_sizes, config.knobs.enforce_eager, self.device,
+            config.knobs.max_num_seqs, config.knobs.max_num_batched_tokens)
         self.hf_config = None
         self.dtype = None
         self.model = None
-        self.ops = config.kernels
-        self.quant = config.quant
+        self.ops = instantiate(config.kernels)
+        self.quant = instantiate(config.quant)
         self.weight_bytes = 0
-        self._load(config.model_path, config.dtype, config.kernels)
+        # whether this worker's Triton kernels run in Triton's interpreter (slow: no CUDA)
+        self.triton_interpreted = bool((self.attn_backend.uses_triton or self.ops.uses_triton)
+                                       and warn_if_interpreted())
+        self._load(config.model_path, config.knobs.dtype, self.ops)
         self.compiled = compile_model(self.model, self.attn_backend, CompileOptions.for_device(
-            self.device, config.max_num_batched_tokens)) if config.compile else None
+            self.device, config.knobs.max_num_batched_tokens)) if config.knobs.compile else None
         self.runner: ModelRunner | None = None
 
     def _join_group(self, init_method: str | None) -> ParallelState:
@@ -103,14 +108,14 @@ class Worker:
         self.dtype = resolve_dtype(dtype, hf_config, self.device)
         self.model, self.hf_config = load_model(
             model_path, self.attn_backend, self.dtype, self.device, ops, self.quant,
-            tp=self.state.tp, expert_parallel=self.config.expert_parallel)
+            tp=self.state.tp, expert_parallel=self.config.knobs.expert_parallel)
         self.weight_bytes = weight_bytes(self.model)
         log.info("model weights: %.2f MiB (quant=%s)", self.weight_bytes / 2**20,
                  getattr(self.quant, "name", "none"))
 
     def model_info(self) -> ModelInfo:
         return ModelInfo.of(self.hf_config, self.bytes_per_block, self.weight_bytes,
-                            self.config.model_path)
+                            self.config.model_path, self.triton_interpreted)
 
     @property
     def kv_spec(self) -> KVCacheSpec:
@@ -178,7 +183,7 @@ class Worker:
                              self.max_num_seqs, max_model_len, self._logits_processors(),
                              tp=self.state.tp,
                              max_num_tokens=max_num_tokens or self.max_num_batched_tokens,
-                             cudagraph_sizes=self.cudagraph_sizes, ubatch=self.config)
+                             cudagraph_sizes=self.cudagraph_sizes, ubatch=self.config.knobs)
         runner.initialize_cache(self.attn_backend.allocate_kv_cache(
             self.kv_spec, num_blocks, self.model.num_layers, self.device))
         return runner
@@ -188,7 +193,7 @@ class Worker:
         context = LogitsProcessorContext(
             vocab_size=self.hf_config.vocab_size, max_num_reqs=self.max_num_seqs,
             device=self.device, eos_token_ids=tuple(eos_token_ids(self.hf_config)))
-        return [make(context=context) for make in self.config.logits_processors]
+        return [instantiate(option)(context=context) for option in self.config.logits_processors]
 
     def initialize_cache(
         self, num_blocks: int, max_model_len: int, num_swap_blocks: int = 0
@@ -211,7 +216,7 @@ class Worker:
         """compile=true: the warm-up steps (compile_sizes) before serving, so no request pays
         for the compile (the first one compiles the graph every later step reuses)."""
         start = time.perf_counter()
-        sizes = warmup_sizes(self.config.compile_sizes, self.max_num_seqs,
+        sizes = warmup_sizes(self.config.knobs.compile_sizes, self.max_num_seqs,
                              self.max_num_batched_tokens, [g.min_tokens for g in self.compiled.graphs])
         for num_tokens in sizes:
             self._dummy_forward(num_tokens)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
+from lab.config.worker import WorkerConfig
 from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.executor.uniproc import UniprocExecutor
-from lab.worker.config import WorkerConfig
 
 
 class FlakyExecutor(UniprocExecutor):

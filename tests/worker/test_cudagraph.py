@@ -13,7 +13,7 @@ from lab.attention.torch_backend import TorchAttentionBackend
 from lab.attention.triton_flash import TritonFlashBackend
 from lab.attention.triton_mla import TritonMLABackend
 from lab.config.compose import compose_config
-from lab.config.knobs import validate_config
+from lab.config.validate import validate_config
 from lab.core.step import CachedRequestData, NewRequestData, SchedulerOutput
 from lab.engine.builder import worker_config
 from lab.worker import model_runner

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from lab.cache.sizing import CacheSizing
 from lab.config.compose import compose_config
+from lab.config.knobs import EngineKnobs
 from lab.engine.builder import worker_config
 from lab.worker.memory import DeviceMemory, MemoryProfile
 from lab.worker.worker import Worker
@@ -67,7 +67,7 @@ def make_worker(config, memory: FakeMemory) -> Worker:
 def test_blocks_follow_the_budget_of_a_max_size_step(config):
     memory = FakeMemory(total=64 * MIB, resident=3 * MIB, per_token=20_000, outside=MIB)
     worker = make_worker(config, memory)
-    blocks = worker.determine_num_blocks(CacheSizing(gpu_memory_utilization=0.5))
+    blocks = worker.determine_num_blocks(EngineKnobs(gpu_memory_utilization=0.5))
     assert memory.tokens_since_reset == 96  # the profile step had max_num_batched_tokens tokens
     assert memory.calls == ["allocated", "reset_peak", "peak_allocated"]
     budget = int(0.5 * 64 * MIB - 3 * MIB - 96 * 20_000 - MIB)
@@ -85,15 +85,15 @@ def test_no_room_for_the_cache_names_the_budget_and_the_fix(config):
     with pytest.raises(RuntimeError, match=r"no memory left for the KV cache .*activations "
                                            r".*lower max_num_batched_tokens or raise "
                                            r"gpu_memory_utilization"):
-        worker.determine_num_blocks(CacheSizing(gpu_memory_utilization=0.5))
+        worker.determine_num_blocks(EngineKnobs(gpu_memory_utilization=0.5))
     # an explicit block count skips the profile
-    assert worker.determine_num_blocks(CacheSizing(num_gpu_blocks=7)) == 7
+    assert worker.determine_num_blocks(EngineKnobs(num_gpu_blocks=7)) == 7
 
 
 def test_a_cpu_worker_without_a_probe_sizes_from_cpu_kv_cache_gb(config):
     worker = Worker(config)
     assert worker.memory is None
-    blocks = worker.determine_num_blocks(CacheSizing(cpu_kv_cache_gb=0.001))
+    blocks = worker.determine_num_blocks(EngineKnobs(cpu_kv_cache_gb=0.001))
     assert blocks == int(0.001 * 2**30) // worker.bytes_per_block
 
 
@@ -116,6 +116,6 @@ def test_decode_graphs_are_one_more_term_of_the_budget(monkeypatch):
 
     monkeypatch.setattr(ModelRunner, "capture_graphs", capture)
     worker = make_worker(worker_config(cfg), memory)
-    blocks = worker.determine_num_blocks(CacheSizing(gpu_memory_utilization=0.5))
+    blocks = worker.determine_num_blocks(EngineKnobs(gpu_memory_utilization=0.5))
     budget = int(0.5 * 64 * MIB - 3 * MIB - 96 * 20_000 - MIB - 2 * MIB)
     assert blocks == budget // worker.bytes_per_block

@@ -25,11 +25,11 @@ from lab.bench.ubatch import (
     run_history,
     step_inputs,
 )
+from lab.config.knobs import EngineKnobs
 from lab.distributed.launch import RankPool
 from lab.models.loader import load_model
 from lab.models.tiny import ensure_tiny_model
 from lab.worker.ubatch import (
-    UbatchConfig,
     UbatchSlice,
     run_model,
     should_split,
@@ -43,7 +43,7 @@ BS = 4
 # (cached, new) per request: decode, a prefill chunk after 5 cached tokens (the split point,
 # token 10 of 20, falls inside it), decode, a new prompt
 MIXED = [(9, 1), (5, 12), (3, 1), (0, 6)]
-ON = UbatchConfig(enable_dbo=True, dbo_decode_token_threshold=2, dbo_prefill_token_threshold=2)
+ON = EngineKnobs(enable_dbo=True, dbo_decode_token_threshold=2, dbo_prefill_token_threshold=2)
 
 
 def _reqs(shape, vocab=512, seed=0) -> list[Req]:
@@ -96,10 +96,10 @@ def test_micro_batches_are_the_step_cut_in_two(shape, pad):
 
 def test_should_split_follows_the_knobs():
     decode, mixed = _inputs([(4, 1)] * 6), _inputs(MIXED)
-    assert not should_split(mixed, UbatchConfig())  # off by default
-    cfg = UbatchConfig(True, dbo_decode_token_threshold=6, dbo_prefill_token_threshold=21)
+    assert not should_split(mixed, EngineKnobs())  # off by default
+    cfg = EngineKnobs(enable_dbo=True, dbo_decode_token_threshold=6, dbo_prefill_token_threshold=21)
     assert should_split(decode, cfg) and not should_split(mixed, cfg)  # 6 >= 6; 20 < 21
-    cfg = UbatchConfig(True, dbo_decode_token_threshold=7, dbo_prefill_token_threshold=20)
+    cfg = EngineKnobs(enable_dbo=True, dbo_decode_token_threshold=7, dbo_prefill_token_threshold=20)
     assert not should_split(decode, cfg) and should_split(mixed, cfg)
     assert not should_split(_inputs([(4, 1)]), ON)  # one token cannot be split
 
@@ -204,7 +204,7 @@ def test_run_model_splits_per_the_knobs_with_padding(models):
     model, backend = models("tiny_llama")
     step, caches = _step_after_history(model, backend, MIXED, pad_to=24)
     with torch.no_grad():
-        one = run_model(model, backend, step, [c.clone() for c in caches], UbatchConfig())
+        one = run_model(model, backend, step, [c.clone() for c in caches], EngineKnobs())
         two = run_model(model, backend, step, [c.clone() for c in caches], ON)
     assert one.shape == two.shape == (24, model.config.hidden_size)
     torch.testing.assert_close(two[:20], one[:20])
