@@ -120,7 +120,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="compile=true")
     p.add_argument("--ops", type=int, default=0, metavar="N",
                    help="then profile one more generate with torch.profiler and print its N "
-                        "costliest ops by self CPU time (vllm_op_profile.py: the peer's)")
+                        "costliest ops by self CPU time (the peer's: "
+                        "benchmarks/vllm_op_profile.py)")
     return p.parse_args(argv)
 
 

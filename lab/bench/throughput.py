@@ -4,18 +4,19 @@ on the same checkpoint and the same request set, in one run.
     python -m lab.bench.throughput                                  # bench_llama, 16 x 128 -> 128
     python -m lab.bench.throughput --model bench_qwen3_06b
     python -m lab.bench.throughput --num-prompts 64 --mixed         # lengths uniform in [64, 256]
-    python -m lab.bench.throughput --peer-python /work/vllm-venv/bin/python
-    python -m lab.bench.throughput --sampling both --no-hf --peer-python /work/vllm-venv/bin/python
+    python -m lab.bench.throughput --peer-python PY                # PY: a venv's python with vLLM
+    python -m lab.bench.throughput --sampling both --no-hf --peer-python PY
 
 Every request is greedy with ignore_eos, so all engines produce exactly the same number of
 tokens; the token ids of lab are compared with HF's (and the peer's). Prints output tok/s for each
-engine and the ratios.
+engine and the ratios. The peer runs benchmarks/vllm_peer.py of the repository under PY
+(lab/bench/peer.py: a bare --peer-python takes $LAB_VLLM_PYTHON).
 
 Rounds (`--repeat N`, or any `--peer-python` run): these machines are noisy, and a peer's speed
 depends on its settings, so every engine mode runs N times, each run in its own process, in turns
 (round 1: every mode once, round 2: ...). A mode is (engine, OMP_WAIT_POLICY, eager | compiled):
 
-    python -m lab.bench.throughput --peer-python /work/vllm-venv/bin/python --repeat 3
+    python -m lab.bench.throughput --peer-python PY --repeat 3
     python -m lab.bench.throughput --repeat 3 --omp-wait-policy unset --modes eager,compiled
 
 Each run is printed; then each mode's median; then the peer's best mode (highest median tok/s),
@@ -53,6 +54,7 @@ import torch
 
 from lab import LLM, SamplingParams
 from lab.bench import attention_ceiling
+from lab.bench.peer import add_peer_argument, peer_script
 from lab.models.tiny import ensure_tiny_model, preset_names
 
 
@@ -83,7 +85,7 @@ def make_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
     return [torch.randint(3, vocab - 1, (int(n),), generator=g).tolist() for n in lens]
 
 
-# Extra SamplingParams of each --sampling setting (vllm_peer.py has the same table).
+# Extra SamplingParams of each --sampling setting (benchmarks/vllm_peer.py has the same table).
 SAMPLING = {
     "off": {},
     "penalties_logprobs": {"presence_penalty": 0.5, "frequency_penalty": 0.5,
@@ -157,7 +159,7 @@ def _hf_batch(model, prompts, max_new: int) -> list[list[int]]:
 
 def run_peer(python: str, path: Path, prompts, args, compiled: bool = False,
              env: dict | None = None, repeat: int | None = None) -> dict:
-    script = Path(__file__).with_name("vllm_peer.py")
+    script = peer_script("vllm_peer.py")
     with tempfile.TemporaryDirectory() as tmp:
         pfile, rfile = Path(tmp) / "prompts.json", Path(tmp) / "result.json"
         pfile.write_text(json.dumps(prompts))
@@ -313,7 +315,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--hf-batch", type=int, default=16, help="HF generate batch size")
     p.add_argument("--no-hf", action="store_true")
-    p.add_argument("--peer-python", default=None, help="python of a venv with vLLM installed")
+    add_peer_argument(p, "vllm_peer.py", "the same batch on vLLM")
     p.add_argument("--sampling", default="off", choices=[*SAMPLING, "both"],
                    help="sampling features on every request (both: off, then "
                         "penalties_logprobs, and the slowdown of each engine)")

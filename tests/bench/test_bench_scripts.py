@@ -286,3 +286,17 @@ def test_cpu_decode_bench_times_the_kernel_over_every_layer(capsys):
     assert "bench_llama (4 layers), float32" in lines[0]
     assert lines[1].startswith("  2 requests x    20 keys  vector") and "portable" in lines[1]
     assert lines[2].startswith("  1 requests x    33 keys")
+
+
+def test_lab_bench_names_are_the_runnable_modules(capsys):
+    """`lab bench NAME` runs any module of lab/bench with a __main__ block; helpers are none,
+    and the peer comparisons' scripts are not in the package at all (benchmarks/)."""
+    from lab.bench import names
+    from lab.cli import main
+
+    found = set(names())
+    assert {"serve", "throughput", "ipc", "overhead", "kernels", "executor", "e2e",
+            "step_profile", "cpu_gemm"} <= found
+    assert not found & {"peer", "workload", "attention_ceiling", "sampling_oracle", "vllm_peer"}
+    with pytest.raises(SystemExit, match="name one of cpu_decode, cpu_gemm"):
+        main(["bench", "vllm_peer"])
