@@ -52,38 +52,16 @@ from pathlib import Path
 
 import torch
 
-from lab import LLM, SamplingParams
+from lab import SamplingParams
 from lab.bench import attention_ceiling
 from lab.bench.peer import add_peer_argument, peer_script
-from lab.models.tiny import ensure_tiny_model, preset_names
-
-
-def add_workload_args(p: argparse.ArgumentParser) -> None:
-    """The checkpoint and the offline batch (shared by lab.bench.step_profile)."""
-    p.add_argument("--model", default="bench_llama", help=f"preset ({', '.join(preset_names())}) or dir")
-    p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--mixed", action="store_true", help="prompt lengths uniform in [min, max]")
-    p.add_argument("--min-len", type=int, default=64)
-    p.add_argument("--max-len", type=int, default=256)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--seed", type=int, default=0)
-
-
-def load_workload(args: argparse.Namespace) -> tuple[Path, list[list[int]]]:
-    """(the checkpoint directory, the prompts) of add_workload_args' options."""
-    path = Path(args.model) if Path(args.model).is_dir() else ensure_tiny_model(args.model)
-    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
-    return path, make_prompts(args, vocab)
-
-
-def make_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(args.seed)
-    lens = (torch.randint(args.min_len, args.max_len + 1, (args.num_prompts,), generator=g)
-            if args.mixed else torch.full((args.num_prompts,), args.input_len))
-    return [torch.randint(3, vocab - 1, (int(n),), generator=g).tolist() for n in lens]
-
+from lab.bench.workload import (
+    add_workload_args,
+    bench_llm,
+    load_workload,
+    output_ids,
+    timed_generate,
+)
 
 # Extra SamplingParams of each --sampling setting (benchmarks/vllm_peer.py has the same table).
 SAMPLING = {
@@ -107,27 +85,23 @@ def run_lab_settings(path: Path, prompts, args) -> dict[str, tuple[float, list[l
     """{setting: (seconds, token ids)} for each --sampling setting, timed on one LLM, each after
     a short warm-up with that setting's params; with --repeat N the settings take turns N times
     and each keeps its fastest run (noise on these machines only ever adds time)."""
-    extra = {"compile": True} if args.compile else {}
+    knobs = {"compile": True} if args.compile else {}
     if args.attention:
-        extra["attention"] = args.attention
+        knobs["attention"] = args.attention
     if args.attention_free:
-        extra[attention_ceiling.KNOB] = attention_ceiling.TARGET
-    llm = LLM(str(path), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens,
-              cpu_kv_cache_gb=1.0,  # a CPU cache every request fits in: speed, not preemption
-              engine_client=args.engine_client, cpu_threads=args.cpu_threads, **extra)
+        knobs[attention_ceiling.KNOB] = attention_ceiling.TARGET
+    llm = bench_llm(str(path), args.dtype, args.max_num_seqs, args.max_num_batched_tokens,
+                    engine_client=args.engine_client, cpu_threads=args.cpu_threads, **knobs)
     out: dict[str, tuple[float, list[list[int]]]] = {}
     for _ in range(args.repeat):
         for setting in settings_of(args.sampling):
             extra = SAMPLING[setting]
             sp = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True,
                                 **extra)
-            llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, **extra))
-            t0 = time.perf_counter()
-            outs = llm.generate(prompts, sp)
-            elapsed = time.perf_counter() - t0
+            elapsed, outs = timed_generate(llm, prompts, sp,
+                                           SamplingParams(temperature=0, max_tokens=4, **extra))
             if setting not in out or elapsed < out[setting][0]:
-                out[setting] = elapsed, [o.outputs[0].token_ids for o in outs]
+                out[setting] = elapsed, output_ids(outs)
     return out
 
 
