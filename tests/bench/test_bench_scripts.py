@@ -28,7 +28,8 @@ def test_overhead_bench_runs(capsys, monkeypatch):
 
 
 class FakeClock:
-    """perf_counter for lab.bench.workload.timed_generate: each timed run takes the next of `durations` seconds."""
+    """perf_counter for lab.bench.workload.timed_generate: each timed run takes the next of
+    `durations` seconds."""
 
     def __init__(self, *durations: float) -> None:
         self.ticks = [t for d in durations for t in (0.0, d)]
