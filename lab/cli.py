@@ -4,7 +4,7 @@
               [--run-dir DIR]            # logger=[console,jsonl,wandb] record the live steps
     lab run [run.py arguments...]              # python run.py ...
     lab knobs [--markdown]                     # every knob: default, allowed values, help
-    lab bench serve|throughput|ipc|overhead|kernels|executor [args...]  # python -m lab.bench.<name>
+    lab bench NAME [args...]                   # python -m lab.bench.NAME (lab.bench.names())
 
 `lab serve` composes the engine config exactly as run.py and LLM do (compose_config with the
 overrides; no loggers unless `logger=...` is given), runs the engine core in its own process
@@ -19,8 +19,6 @@ import runpy
 import sys
 import time
 from pathlib import Path
-
-BENCHES = ("serve", "throughput", "ipc", "overhead", "kernels", "executor")
 
 
 def serve_config(overrides: list[str]):
@@ -116,8 +114,10 @@ def run(argv: list[str]) -> None:
 
 
 def bench(argv: list[str]) -> None:
-    if not argv or argv[0] not in BENCHES:
-        sys.exit(f"lab bench: name one of {', '.join(BENCHES)}")
+    from lab.bench import names
+
+    if not argv or argv[0] not in names():
+        sys.exit(f"lab bench: name one of {', '.join(names())}")
     name, rest = argv[0], argv[1:]
     sys.argv = [f"lab.bench.{name}", *rest]
     runpy.run_module(f"lab.bench.{name}", run_name="__main__", alter_sys=True)

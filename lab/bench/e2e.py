@@ -23,34 +23,24 @@ same process by lab.bench.kernels.copy_bandwidth: a device-to-device copy, bytes
 from __future__ import annotations
 
 import argparse
-import gc
 import random
-import time
 
 import torch
 import yaml
 
-from lab import LLM, SamplingParams
+from lab import SamplingParams
 from lab.bench.kernels import copy_bandwidth
+from lab.bench.workload import bench_llm, checkpoint, free_memory, timed_generate, vocab_size
 
 
 def make_requests(n: int, lo: int, hi: int, vocab: int, seed: int):
+    """nano-vllm's requests: n prompts of random ids and output lengths, both uniform in
+    [lo, hi] (Python's random, seeded), sampled at temperature 0.6 with ignore_eos."""
     rng = random.Random(seed)
     prompts = [[rng.randint(3, vocab - 1) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
     params = [SamplingParams(temperature=0.6, max_tokens=rng.randint(lo, hi), ignore_eos=True,
                              seed=i) for i in range(n)]
     return prompts, params
-
-
-def model_vocab(model: str) -> int:
-    """The vocabulary size of a `model` group option (prompts are drawn from it)."""
-    from hydra.utils import instantiate
-    from transformers import AutoConfig
-
-    from lab.config.compose import compose_config
-
-    path = instantiate(compose_config([f"model={model}"]).model).path()
-    return AutoConfig.from_pretrained(path).vocab_size
 
 
 def parse_run(spec: str) -> dict[str, object]:
@@ -73,27 +63,18 @@ def floor_seconds(prompts, params, weight_bytes: int, kv_bytes_per_token: float,
 
 
 def run_config(spec: str, args, prompts, params) -> tuple[float, int, float]:
-    llm = LLM(args.model, **{"dtype": args.dtype, "cpu_kv_cache_gb": 1.0, **parse_run(spec)},
-              max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
-    llm.generate([prompts[0][:16]], SamplingParams(max_tokens=4))  # warm-up (kernel compiles)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
-    eng = llm.engine
-    floor = (floor_seconds(prompts, params, eng.weight_bytes, eng.kv_bytes_per_token,
-                           args.bandwidth)
-             if args.bandwidth else float("nan"))
-    eng.shutdown()
-    n = sum(len(o.outputs[0].token_ids) for o in outs)
-    del llm, eng, outs
-    gc.collect()  # the next run's KV sizing must see this run's cache freed
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return seconds, n, floor
+    """(seconds, output tokens, floor seconds) of one --runs configuration in its own engine."""
+    llm = bench_llm(args.model, args.dtype, args.max_num_seqs, args.max_num_batched_tokens,
+                    **parse_run(spec))
+    try:
+        seconds, outs = timed_generate(llm, prompts, params, SamplingParams(max_tokens=4))
+        eng = llm.engine
+        floor = (floor_seconds(prompts, params, eng.weight_bytes, eng.kv_bytes_per_token,
+                               args.bandwidth)
+                 if args.bandwidth else float("nan"))
+        return seconds, sum(len(o.outputs[0].token_ids) for o in outs), floor
+    finally:
+        llm.engine.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -110,9 +91,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     prompts, params = make_requests(args.num_seqs, args.min_len, args.max_len,
-                                    model_vocab(args.model), args.seed)
+                                    vocab_size(checkpoint(args.model)), args.seed)
     args.bandwidth = copy_bandwidth() if torch.cuda.is_available() else 0.0
-    results = {r: run_config(r, args, prompts, params) for r in args.runs}
+    results = {}
+    for r in args.runs:
+        results[r] = run_config(r, args, prompts, params)
+        free_memory()  # the next run's KV sizing must see this run's cache freed
     base_t, base_n, _ = results[args.runs[0]]
     width = max(len(r) for r in args.runs) + 2
     print(f"\nmodel {args.model}  seqs {args.num_seqs}  lengths U[{args.min_len}, {args.max_len}]"

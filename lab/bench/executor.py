@@ -5,7 +5,7 @@ layers' all-reduces and the sampled ids' broadcast, for half the work per rank),
 64; then the crossing alone.
 
     python -m lab.bench.executor                         # tiny_qwen3, batch 1 and 64
-    python -m lab.bench.executor --repeat 3 --peer-python /work/vllm-venv/bin/python
+    python -m lab.bench.executor --repeat 3 --peer-python PY   # PY: a venv's python with vLLM
     python -m lab.bench.executor --model bench_llama --batches 1 64 --output-len 64
     lab bench executor ...
 
@@ -24,7 +24,7 @@ encode + pushes), `one-way` (encode until the last reader has the object: what a
 before its ranks can start) and `rtt` (until the writer has every answer).
 
 Anchor (--peer-python, a venv with vLLM's CPU build): vLLM's multiprocess executor broadcasts
-through a shared-memory ring (MessageQueue); lab/bench/vllm_mq_peer.py times it on the same
+through a shared-memory ring (MessageQueue); benchmarks/vllm_mq_peer.py times it on the same
 terms, and both move a pickled bytes payload of each SchedulerOutput's size, so the transports
 compare on equal bytes (the objects themselves differ between the projects).
 
@@ -48,6 +48,7 @@ from pathlib import Path
 import zmq
 
 from lab import LLM, SamplingParams
+from lab.bench.peer import add_peer_argument, peer_script
 from lab.distributed.launch import RankPool, mp_context
 from lab.executor.multiproc import encode_call
 from lab.models.tiny import preset_names
@@ -158,7 +159,7 @@ def broadcast_us(encode, readers: int, reps: int) -> Crossing:
 def run_peer(python: str, sizes: list[int], reps: int) -> dict[tuple[int, int], dict]:
     """vLLM's MessageQueue on `sizes`-byte payloads to 1 and 2 readers (vllm_mq_peer.py under
     the peer's python, from a directory outside the repository): rows by (bytes, readers)."""
-    script = Path(__file__).with_name("vllm_mq_peer.py")
+    script = peer_script("vllm_mq_peer.py")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "mq.json"
         subprocess.run([python, str(script), "--kinds", "bytes", "--readers", "1,2",
@@ -254,8 +255,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--reps", type=int, default=200, help="broadcasts timed per row")
     p.add_argument("--repeat", type=int, default=1, help="turns of the per-step settings")
-    p.add_argument("--peer-python", default=None,
-                   help="python of a venv with vLLM (its MessageQueue as the broadcast anchor)")
+    add_peer_argument(p, "vllm_mq_peer.py", "its MessageQueue as the broadcast anchor")
     return p.parse_args(argv)
 
 

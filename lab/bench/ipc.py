@@ -25,17 +25,16 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import zmq
 
 from lab import LLM, SamplingParams
-from lab.bench.throughput import make_prompts
+from lab.bench.workload import checkpoint, make_prompts
 from lab.core.protocol import EngineCoreOutputs, EngineCoreRequest
 from lab.engine.builder import cpu_threads_for_server_core
 from lab.engine.serial import MessageCodec
-from lab.models.tiny import ensure_tiny_model, preset_names
+from lab.models.tiny import preset_names
 
 
 @dataclass
@@ -128,7 +127,7 @@ def settings() -> dict[str, tuple[str, int | None]]:
 
 
 def run(args: argparse.Namespace) -> None:
-    path = Path(args.model) if Path(args.model).is_dir() else ensure_tiny_model(args.model)
+    path = checkpoint(args.model)
     llms = {name: LLM(str(path), dtype="float32", engine_client=client, cpu_threads=threads,
                       max_num_seqs=args.num_prompts, cpu_kv_cache_gb=1.0)
             for name, (client, threads) in settings().items()}

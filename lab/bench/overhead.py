@@ -3,10 +3,10 @@
     python -m lab.bench.overhead                      # 1000 requests, 4 arrivals per step
     python -m lab.bench.overhead --requests 2000 --max-num-seqs 512
     python -m lab.bench.overhead --sim-running 10000  # engine steps/s, 10k requests decoding
-    python -m lab.bench.overhead --peer-python /work/vllm-venv/bin/python --repeat 3
+    python -m lab.bench.overhead --peer-python PY --repeat 3   # PY: a venv's python with vLLM
 
 With --peer-python, vLLM V1's own `Scheduler` runs the same trace without a model in that
-python (lab/bench/vllm_sched_peer.py: same limits, prefix caching on, one token per scheduled
+python (benchmarks/vllm_sched_peer.py: same limits, prefix caching on, one token per scheduled
 request whose prompt is complete), in turns with lab's for --repeat rounds; each round's
 lab / vLLM ratio of the mean schedule+update time per step is printed, then their median.
 
@@ -36,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from lab.bench.peer import add_peer_argument, peer_script
 from lab.cache.hashing import make_block_hasher
 from lab.cache.manager import KVCacheManager
 from lab.config.compose import compose_config
@@ -130,10 +131,10 @@ def run_sim_running(n: int, steps: int, prompt_len: int = 32, seed: int = 0) -> 
 
 
 def run_peer(python: str, args: argparse.Namespace) -> dict[str, float]:
-    """vLLM's Scheduler on the same trace (lab/bench/vllm_sched_peer.py), in its own process."""
+    """vLLM's Scheduler on the same trace (benchmarks/vllm_sched_peer.py), in its own process."""
     from lab.models.tiny import ensure_tiny_model
 
-    script = Path(__file__).with_name("vllm_sched_peer.py")
+    script = peer_script("vllm_sched_peer.py")
     with tempfile.TemporaryDirectory() as tmp:
         trace, out = Path(tmp) / "trace.json", Path(tmp) / "result.json"
         trace.write_text(json.dumps(make_trace(args.requests, args.seed)))
@@ -181,8 +182,7 @@ def main() -> None:
     p.add_argument("--sim-running", type=int, default=0, metavar="N",
                    help="engine steps/s with N requests decoding under executor=sim")
     p.add_argument("--sim-steps", type=int, default=50, help="steps timed with --sim-running")
-    p.add_argument("--peer-python", default=None,
-                   help="python of a venv with vLLM: run its Scheduler on the same trace")
+    add_peer_argument(p, "vllm_sched_peer.py", "its Scheduler on the same trace")
     p.add_argument("--repeat", type=int, default=1, help="rounds of lab and peer, in turns")
     args = p.parse_args()
     if args.peer_python:

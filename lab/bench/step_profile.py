@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 
 from lab import LLM, SamplingParams
-from lab.bench.throughput import add_workload_args, load_workload
+from lab.bench.workload import add_workload_args, bench_llm, load_workload
 from lab.layers.linear import Linear
 
 
@@ -120,7 +120,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="compile=true")
     p.add_argument("--ops", type=int, default=0, metavar="N",
                    help="then profile one more generate with torch.profiler and print its N "
-                        "costliest ops by self CPU time (vllm_op_profile.py: the peer's)")
+                        "costliest ops by self CPU time (the peer's: "
+                        "benchmarks/vllm_op_profile.py)")
     return p.parse_args(argv)
 
 
@@ -130,8 +131,8 @@ def profile(args: argparse.Namespace) -> tuple[list[tuple[str, float]], int]:
     kwargs = {"compile": True} if args.compile else {}
     if args.attention:
         kwargs["attention"] = args.attention
-    llm = LLM(str(path), dtype=args.dtype, max_num_seqs=256, max_num_batched_tokens=8192,
-              cpu_kv_cache_gb=1.0, **kwargs)
+    llm = bench_llm(str(path), args.dtype, max_num_seqs=256, max_num_batched_tokens=8192,
+                    **kwargs)
     llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up
     timers = instrument(llm)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)

@@ -4,18 +4,19 @@ on the same checkpoint and the same request set, in one run.
     python -m lab.bench.throughput                                  # bench_llama, 16 x 128 -> 128
     python -m lab.bench.throughput --model bench_qwen3_06b
     python -m lab.bench.throughput --num-prompts 64 --mixed         # lengths uniform in [64, 256]
-    python -m lab.bench.throughput --peer-python /work/vllm-venv/bin/python
-    python -m lab.bench.throughput --sampling both --no-hf --peer-python /work/vllm-venv/bin/python
+    python -m lab.bench.throughput --peer-python PY                # PY: a venv's python with vLLM
+    python -m lab.bench.throughput --sampling both --no-hf --peer-python PY
 
 Every request is greedy with ignore_eos, so all engines produce exactly the same number of
 tokens; the token ids of lab are compared with HF's (and the peer's). Prints output tok/s for each
-engine and the ratios.
+engine and the ratios. The peer runs benchmarks/vllm_peer.py of the repository under PY
+(lab/bench/peer.py: a bare --peer-python takes $LAB_VLLM_PYTHON).
 
 Rounds (`--repeat N`, or any `--peer-python` run): these machines are noisy, and a peer's speed
 depends on its settings, so every engine mode runs N times, each run in its own process, in turns
 (round 1: every mode once, round 2: ...). A mode is (engine, OMP_WAIT_POLICY, eager | compiled):
 
-    python -m lab.bench.throughput --peer-python /work/vllm-venv/bin/python --repeat 3
+    python -m lab.bench.throughput --peer-python PY --repeat 3
     python -m lab.bench.throughput --repeat 3 --omp-wait-policy unset --modes eager,compiled
 
 Each run is printed; then each mode's median; then the peer's best mode (highest median tok/s),
@@ -51,39 +52,18 @@ from pathlib import Path
 
 import torch
 
-from lab import LLM, SamplingParams
+from lab import SamplingParams
 from lab.bench import attention_ceiling
-from lab.models.tiny import ensure_tiny_model, preset_names
+from lab.bench.peer import add_peer_argument, peer_script
+from lab.bench.workload import (
+    add_workload_args,
+    bench_llm,
+    load_workload,
+    output_ids,
+    timed_generate,
+)
 
-
-def add_workload_args(p: argparse.ArgumentParser) -> None:
-    """The checkpoint and the offline batch (shared by lab.bench.step_profile)."""
-    p.add_argument("--model", default="bench_llama", help=f"preset ({', '.join(preset_names())}) or dir")
-    p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--mixed", action="store_true", help="prompt lengths uniform in [min, max]")
-    p.add_argument("--min-len", type=int, default=64)
-    p.add_argument("--max-len", type=int, default=256)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--seed", type=int, default=0)
-
-
-def load_workload(args: argparse.Namespace) -> tuple[Path, list[list[int]]]:
-    """(the checkpoint directory, the prompts) of add_workload_args' options."""
-    path = Path(args.model) if Path(args.model).is_dir() else ensure_tiny_model(args.model)
-    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
-    return path, make_prompts(args, vocab)
-
-
-def make_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(args.seed)
-    lens = (torch.randint(args.min_len, args.max_len + 1, (args.num_prompts,), generator=g)
-            if args.mixed else torch.full((args.num_prompts,), args.input_len))
-    return [torch.randint(3, vocab - 1, (int(n),), generator=g).tolist() for n in lens]
-
-
-# Extra SamplingParams of each --sampling setting (vllm_peer.py has the same table).
+# Extra SamplingParams of each --sampling setting (benchmarks/vllm_peer.py has the same table).
 SAMPLING = {
     "off": {},
     "penalties_logprobs": {"presence_penalty": 0.5, "frequency_penalty": 0.5,
@@ -105,27 +85,23 @@ def run_lab_settings(path: Path, prompts, args) -> dict[str, tuple[float, list[l
     """{setting: (seconds, token ids)} for each --sampling setting, timed on one LLM, each after
     a short warm-up with that setting's params; with --repeat N the settings take turns N times
     and each keeps its fastest run (noise on these machines only ever adds time)."""
-    extra = {"compile": True} if args.compile else {}
+    knobs = {"compile": True} if args.compile else {}
     if args.attention:
-        extra["attention"] = args.attention
+        knobs["attention"] = args.attention
     if args.attention_free:
-        extra[attention_ceiling.KNOB] = attention_ceiling.TARGET
-    llm = LLM(str(path), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens,
-              cpu_kv_cache_gb=1.0,  # a CPU cache every request fits in: speed, not preemption
-              engine_client=args.engine_client, cpu_threads=args.cpu_threads, **extra)
+        knobs[attention_ceiling.KNOB] = attention_ceiling.TARGET
+    llm = bench_llm(str(path), args.dtype, args.max_num_seqs, args.max_num_batched_tokens,
+                    engine_client=args.engine_client, cpu_threads=args.cpu_threads, **knobs)
     out: dict[str, tuple[float, list[list[int]]]] = {}
     for _ in range(args.repeat):
         for setting in settings_of(args.sampling):
             extra = SAMPLING[setting]
             sp = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True,
                                 **extra)
-            llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, **extra))
-            t0 = time.perf_counter()
-            outs = llm.generate(prompts, sp)
-            elapsed = time.perf_counter() - t0
+            elapsed, outs = timed_generate(llm, prompts, sp,
+                                           SamplingParams(temperature=0, max_tokens=4, **extra))
             if setting not in out or elapsed < out[setting][0]:
-                out[setting] = elapsed, [o.outputs[0].token_ids for o in outs]
+                out[setting] = elapsed, output_ids(outs)
     return out
 
 
@@ -157,7 +133,7 @@ def _hf_batch(model, prompts, max_new: int) -> list[list[int]]:
 
 def run_peer(python: str, path: Path, prompts, args, compiled: bool = False,
              env: dict | None = None, repeat: int | None = None) -> dict:
-    script = Path(__file__).with_name("vllm_peer.py")
+    script = peer_script("vllm_peer.py")
     with tempfile.TemporaryDirectory() as tmp:
         pfile, rfile = Path(tmp) / "prompts.json", Path(tmp) / "result.json"
         pfile.write_text(json.dumps(prompts))
@@ -313,7 +289,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--hf-batch", type=int, default=16, help="HF generate batch size")
     p.add_argument("--no-hf", action="store_true")
-    p.add_argument("--peer-python", default=None, help="python of a venv with vLLM installed")
+    add_peer_argument(p, "vllm_peer.py", "the same batch on vLLM")
     p.add_argument("--sampling", default="off", choices=[*SAMPLING, "both"],
                    help="sampling features on every request (both: off, then "
                         "penalties_logprobs, and the slowdown of each engine)")

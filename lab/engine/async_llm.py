@@ -148,6 +148,22 @@ class AsyncLLM:
         return self.engine.max_model_len
 
     @property
+    def max_logprobs(self) -> int:
+        """The most logprobs a request may ask for per token (-1: no limit)."""
+        return self.engine.processor.max_logprobs
+
+    @property
+    def stat_loggers(self) -> tuple[StatLogger, ...]:
+        """The loggers the engine's step and request statistics go to."""
+        return tuple(self.engine.loggers)
+
+    def add_stat_logger(self, logger: StatLogger) -> None:
+        """Send the engine's statistics to `logger` too, from its next step on (e.g. a server's
+        Prometheus metrics). Safe while the engine runs: the list is replaced, not changed in
+        place under a step that reads it."""
+        self.engine.loggers = [*self.engine.loggers, logger]
+
+    @property
     def event_loop(self) -> asyncio.AbstractEventLoop | None:
         """The loop the engine's outputs are handled on (async_mp, once a request came; None
         for the thread driver): another thread reaches the engine through it, e.g.

@@ -28,11 +28,11 @@ def freeze_gc_heap() -> None:
     """Collect, then move every object the cyclic GC tracks to its permanent generation, as
     vLLM's EngineCore does once it has started: the model, compiled graphs and imported modules
     live as long as the engine, and a full collection while serving would walk them all again
-    (lab.bench.overhead, schedule + update per step: 1.0-1.24 ms with the heap unfrozen,
-    0.87-0.97 frozen). EngineCore.shutdown() unfreezes it, so an engine dropped in-process
-    (tests, notebooks) can be collected, and so does the interpreter's exit (extensions that
-    count their live objects at exit, as Triton's nanobind does, would report the frozen ones
-    as leaks)."""
+    (lab.bench.overhead's schedule + update per step, unfrozen and frozen:
+    experiments/results/2026-12-05-cpu-fp32-ordered.md, section 6). EngineCore.shutdown()
+    unfreezes it, so an engine dropped in-process (tests, notebooks) can be collected, and so
+    does the interpreter's exit (extensions that count their live objects at exit, as Triton's
+    nanobind does, would report the frozen ones as leaks)."""
     gc.collect()
     gc.freeze()
     atexit.unregister(unfreeze_gc_heap)  # one registration however many engines start

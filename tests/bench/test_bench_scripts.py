@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from lab import SamplingParams
-from lab.bench import e2e, kernels, overhead
+from lab.bench import e2e, kernels, overhead, workload
 from lab.layers.linear import Linear
 
 
@@ -28,7 +28,8 @@ def test_overhead_bench_runs(capsys, monkeypatch):
 
 
 class FakeClock:
-    """perf_counter for lab.bench.e2e: each timed run takes the next of `durations` seconds."""
+    """perf_counter for lab.bench.workload.timed_generate: each timed run takes the next of
+    `durations` seconds."""
 
     def __init__(self, *durations: float) -> None:
         self.ticks = [t for d in durations for t in (0.0, d)]
@@ -43,7 +44,7 @@ def test_e2e_bench_compares_configurations(capsys, monkeypatch):
     a fake clock (2 s, then 0.5 s): tok/s = tokens / seconds, ratio = tok/s / the first's."""
     engines, timed_tokens = [], []
 
-    class SpyLLM(e2e.LLM):
+    class SpyLLM(workload.LLM):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             engines.append(self.engine)
@@ -54,8 +55,8 @@ def test_e2e_bench_compares_configurations(capsys, monkeypatch):
                 timed_tokens.append(sum(len(o.outputs[0].token_ids) for o in outs))
             return outs
 
-    monkeypatch.setattr(e2e, "LLM", SpyLLM)
-    monkeypatch.setattr(e2e, "time", FakeClock(2.0, 0.5))
+    monkeypatch.setattr(workload, "LLM", SpyLLM)
+    monkeypatch.setattr(workload, "time", FakeClock(2.0, 0.5))
     runs = ["attention=torch", "attention=torch,quant=int8"]
     e2e.main(["--model", "tiny_llama", "--num-seqs", "2", "--min-len", "4", "--max-len", "8",
               "--max-num-batched-tokens", "64", "--runs", *runs])
@@ -286,3 +287,17 @@ def test_cpu_decode_bench_times_the_kernel_over_every_layer(capsys):
     assert "bench_llama (4 layers), float32" in lines[0]
     assert lines[1].startswith("  2 requests x    20 keys  vector") and "portable" in lines[1]
     assert lines[2].startswith("  1 requests x    33 keys")
+
+
+def test_lab_bench_names_are_the_runnable_modules(capsys):
+    """`lab bench NAME` runs any module of lab/bench with a __main__ block; helpers are none,
+    and the peer comparisons' scripts are not in the package at all (benchmarks/)."""
+    from lab.bench import names
+    from lab.cli import main
+
+    found = set(names())
+    assert {"serve", "throughput", "ipc", "overhead", "kernels", "executor", "e2e",
+            "step_profile", "cpu_gemm"} <= found
+    assert not found & {"peer", "workload", "attention_ceiling", "sampling_oracle", "vllm_peer"}
+    with pytest.raises(SystemExit, match="name one of cpu_decode, cpu_gemm"):
+        main(["bench", "vllm_peer"])

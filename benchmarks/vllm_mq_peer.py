@@ -4,7 +4,7 @@ shared-memory MessageQueue, the transport of vLLM's multiprocess executor.
 Standalone: it must not import `lab`; it runs under the python of the peer venv
 (experiments/peer_setup.md), from a directory outside the repository:
 
-    cd /tmp && /work/vllm-venv/bin/python /path/to/lab/bench/vllm_mq_peer.py [--json OUT]
+    cd "$(mktemp -d)" && $LAB_VLLM_PYTHON /path/to/lab/benchmarks/vllm_mq_peer.py [--json OUT]
 
 Set-up mirrors vLLM's MultiprocExecutor (vllm/v1/executor/multiproc_executor.py):
   * one writer (the "executor") owns a broadcast MessageQueue(n_reader, n_reader,

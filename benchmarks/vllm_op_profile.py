@@ -3,7 +3,7 @@
 Standalone (runs under the vLLM venv's python, must not import `lab`), the peer-side companion
 of `python -m lab.bench.step_profile`:
 
-    /work/vllm-venv/bin/python lab/bench/vllm_op_profile.py --model DIR [--dtype bfloat16] \
+    $LAB_VLLM_PYTHON benchmarks/vllm_op_profile.py --model DIR [--dtype bfloat16] \
         [--eager] [--num-prompts 16] [--input-len 128] [--output-len 128] [--rows 25]
 
 DIR is a checkpoint lab generated (e.g. `.cache/models/bench_llama-<hash>`, the same one
