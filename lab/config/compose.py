@@ -37,6 +37,7 @@ GROUP_BASES = {
     "sim/step_time": "lab.sim.step_time.base.StepTimeModel",
 }
 GROUPS = tuple(GROUP_BASES)
+LIST_GROUPS = ("logger", "logits_processors")  # several options at once: logger=[console,jsonl]
 KNOBS_NODE = "lab_knobs"  # the first entry of lab/conf/config.yaml's defaults list
 SEARCH_PATH_RESOLVER = "lab_search_path"  # ${lab_search_path:} in lab/conf/config.yaml
 

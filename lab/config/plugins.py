@@ -100,6 +100,11 @@ def group_options(group: str, extra: Sequence[str | Path] = ()) -> list[str]:
     return sorted({p.stem for d in config_dirs(extra) for p in (d / group).glob("*.yaml")})
 
 
+def option_files(group: str, extra: Sequence[str | Path] = ()) -> list[Path]:
+    """Every option file of a group in every config directory (lab's first)."""
+    return [p for d in config_dirs(extra) for p in sorted((d / group).glob("*.yaml"))]
+
+
 def option_file(group: str, option: str, extra: Sequence[str | Path] = ()) -> Path | None:
     """The YAML file of an option, where Hydra would find it first (None: no such option)."""
     for d in config_dirs(extra):

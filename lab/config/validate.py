@@ -18,11 +18,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from lab.config.compose import (
     GROUPS,
+    LIST_GROUPS,
     is_known_setting,
     nested_groups,
     unknown_setting_message,
 )
-from lab.config.plugins import declared_knobs
+from lab.config.plugins import declared_knobs, option_files
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -37,6 +38,7 @@ def validate_knobs(cfg: DictConfig) -> None:
     engine-core process's frontend checks this much, the core the rest)."""
     knobs = declared_knobs()
     check_known_keys(cfg, {k.name for k in knobs})
+    check_list_groups(cfg)
     for knob in knobs:
         value = OmegaConf.select(cfg, knob.name)
         if not knob.ok(value):
@@ -102,6 +104,25 @@ def check_known_keys(cfg: DictConfig, names: set[str]) -> None:
             if extra:
                 raise ValueError(f"unknown setting '{key}.{extra[0]}': the keys of {key} are "
                                  f"{', '.join(declared)}")
+
+
+def check_list_groups(cfg: DictConfig) -> None:
+    """Each chosen option of a list group (logger=[a,b], logits_processors=[...]) sits under its
+    own name, which its file's `# @package <group>.<option>` header asks for: without it Hydra
+    merges the options into one node and all but the last would silently vanish."""
+    for group in LIST_GROUPS:
+        node = cfg.get(group) or {}
+        if "_target_" in node:
+            missing = [str(f) for f in option_files(group) if not _has_package_header(f, group)]
+            raise ValueError(
+                f"{group}: an option's YAML lacks its package header, so Hydra merged the chosen "
+                f"options into one: start {', '.join(missing) or 'the option file'} with "
+                f"`# @package {group}.<option name>` (one key per option of a list group)")
+
+
+def _has_package_header(path, group: str) -> bool:
+    first = path.read_text().lstrip().splitlines()[:1]
+    return bool(first) and first[0].replace(" ", "").startswith(f"#@package{group}.")
 
 
 def check_command_line(args: list[str]) -> str | None:

@@ -9,6 +9,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
 from lab.config.compose import CONF_DIR, GROUP_BASES, GROUPS, compose_config, set_knobs
+from lab.config.validate import validate_knobs
 from lab.logits_processors.base import LogitsProcessor, LogitsProcessorContext
 from lab.metrics.base import StatLogger
 from tests.options import options
@@ -84,3 +85,31 @@ def test_logits_processors_compose_together_in_the_listed_order():
     for name, node in cfg.logits_processors.items():
         processor = instantiate(node)(context=context)
         assert isinstance(processor, LogitsProcessor), name
+
+
+def _processor_option(directory, name: str, header: bool) -> None:
+    (directory / "logits_processors").mkdir(parents=True, exist_ok=True)
+    text = ("_target_: tests.sampling.example_processor.BanTokenForSeededRequests\n"
+            "_partial_: true\ntoken: 5\n")
+    if header:
+        text = f"# @package logits_processors.{name}\n" + text
+    (directory / "logits_processors" / f"{name}.yaml").write_text(text)
+
+
+def test_a_list_group_option_from_lab_config_path_composes_beside_lab_s(tmp_path, monkeypatch):
+    _processor_option(tmp_path, "ban5", header=True)
+    monkeypatch.setenv("LAB_CONFIG_PATH", str(tmp_path))
+    cfg = compose_config(["logits_processors=[penalties,ban5]"])
+    assert list(cfg.logits_processors) == ["penalties", "ban5"]
+    validate_knobs(cfg)
+
+
+def test_a_list_group_option_without_its_package_header_is_refused_naming_it(tmp_path,
+                                                                             monkeypatch):
+    """Without the header Hydra merges the chosen options into one node (penalties vanished);
+    the refusal names the file and the header to add."""
+    _processor_option(tmp_path, "ban5", header=False)
+    monkeypatch.setenv("LAB_CONFIG_PATH", str(tmp_path))
+    cfg = compose_config(["logits_processors=[penalties,ban5]"])
+    with pytest.raises(ValueError, match=r"ban5.yaml with `# @package logits_processors"):
+        validate_knobs(cfg)

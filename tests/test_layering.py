@@ -1,0 +1,143 @@
+"""The layering of lab's packages, read from the source (module-level imports; an import inside a
+function is a deliberate late import and does not count):
+
+- no package-level import cycle inside lab/ (package A imports B and B imports A, or longer);
+- lab.core is the torch-free vocabulary: it imports no torch and no other lab package;
+- the scheduler, the KV cache and the config package import no torch;
+- lab.kernels is a leaf: it imports no other lab package;
+- the engine's processes: a `lab serve` frontend (engine_client=async_mp) imports no worker, model,
+  kernel, layer, attention or compile module (checked in a fresh interpreter).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+LAB = Path(__file__).resolve().parents[1] / "lab"
+
+
+def package_of(path: Path) -> str:
+    rel = path.relative_to(LAB)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def module_level_imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def imports_by_package() -> dict[str, dict[str, set[str]]]:
+    """{package: {module path: module-level imports}}."""
+    found: dict[str, dict[str, set[str]]] = defaultdict(dict)
+    for path in sorted(LAB.rglob("*.py")):
+        found[package_of(path)][str(path.relative_to(LAB))] = module_level_imports(path)
+    return found
+
+
+IMPORTS = imports_by_package()
+
+
+def lab_packages(imports: set[str]) -> set[str]:
+    return {m.split(".")[1] for m in imports if m.startswith("lab.") and m.count(".") >= 1}
+
+
+def package_graph() -> dict[str, set[str]]:
+    return {pkg: set().union(*(lab_packages(i) for i in mods.values())) - {pkg}
+            for pkg, mods in IMPORTS.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one package."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while (w := stack.pop()) != v:
+                comp.append(w)
+            if comp:
+                found.append(sorted([v, *comp]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_package_level_import_cycle():
+    assert cycles(package_graph()) == []
+
+
+def offenders(package: str, bad) -> dict[str, list[str]]:
+    return {mod: sorted(m for m in imports if bad(m))
+            for mod, imports in IMPORTS[package].items() if any(bad(m) for m in imports)}
+
+
+def _torch(m: str) -> bool:
+    return m == "torch" or m.startswith("torch.")
+
+
+def test_core_is_torch_free_and_imports_only_itself():
+    assert offenders("core", lambda m: _torch(m) or (m.startswith("lab.")
+                                                      and not m.startswith("lab.core"))) == {}
+
+
+@pytest.mark.parametrize("package", ["scheduler", "cache", "config", "frontend"])
+def test_these_packages_import_no_torch(package):
+    assert offenders(package, _torch) == {}
+
+
+def test_kernels_are_a_leaf():
+    assert offenders("kernels", lambda m: m.startswith("lab.") and not m.startswith(
+        "lab.kernels")) == {}
+
+
+HEAVY = ("lab.worker", "lab.models", "lab.kernels", "lab.layers", "lab.attention", "lab.compile")
+
+FRONTEND = """
+import sys
+from lab.cli import serve_config_and_choices
+from lab.engine.async_llm import AsyncLLM
+from lab.serve.api_server import build_app
+cfg, _ = serve_config_and_choices(["model=tiny_llama"])
+llm = AsyncLLM.from_config(cfg, [])
+try:
+    build_app(llm, "tiny_llama")
+    print(sorted(m for m in sys.modules if m.startswith(%r)))
+finally:
+    llm.shutdown()
+""" % (HEAVY,)
+
+
+def test_a_serve_frontend_imports_no_worker_model_or_kernel_code():
+    """The frontend process (HTTP, tokenizing, detokenizing) of `lab serve` with its engine core
+    in another process: the model's code is the core process's alone."""
+    out = subprocess.run([sys.executable, "-c", FRONTEND], capture_output=True, text=True,
+                         timeout=300, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
