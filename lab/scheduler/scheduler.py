@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from lab.cache.manager import KVCacheManager, KVCacheStats
+from lab.cache.view import KVCacheView
 from lab.core.request import Request, RequestStatus
 from lab.core.step import (
     CachedRequestData,
@@ -93,6 +94,7 @@ class Scheduler(StepRecovery):
     ) -> None:
         self.config = config
         self.kv = kv_manager
+        self.kv_view = KVCacheView(kv_manager)  # what the policy's victim choice may read
         self.waiting = queue
         self.preemption = preemption
         self.clock = clock
@@ -204,7 +206,7 @@ class Scheduler(StepRecovery):
             blocks = self.kv.allocate_slots(req, n)
             if blocks is not None:
                 return blocks
-            victim = self.waiting.victim(self.running)
+            victim = self.waiting.victim(self.running, self.kv_view)
             self._preempt(victim, plan)
             if victim is req:
                 return None
@@ -280,7 +282,7 @@ class Scheduler(StepRecovery):
         """Let the policy preempt a running request in favour of waiting `req` (priority)."""
         if not self.preemption.preempts:
             return False
-        victim = self.waiting.preempt_for(req, self.running)
+        victim = self.waiting.preempt_for(req, self.running, self.kv_view)
         if victim is None or victim is req:
             return False
         self._preempt(victim, plan)
