@@ -31,6 +31,9 @@ class RequestQueue(ABC):
     and `kv.usage` describe the whole cache. The scheduler always passes it; it is None only
     when a test calls the policy by hand. What then happens to the victim (recompute, swap) is
     the preemption strategy's (`lab/scheduler/preemption.py`), not the policy's.
+
+    `token_cap` is the policy's other say in a step: at most how many tokens a request gets in
+    it (a per-request `long_prefill_token_threshold`).
     """
 
     name = "base"
@@ -73,6 +76,15 @@ class RequestQueue(ABC):
         """A running request to preempt so that waiting `request` (the head) can be admitted
         when it lacks KV blocks or a sequence slot; None to let it wait. `kv` as in `victim`.
         (Default: None.)"""
+        return None
+
+    def token_cap(self, request: Request) -> int | None:
+        """At most how many tokens `request` may get in the step being scheduled (an int >= 1),
+        or None for no cap. Asked for every running request the step serves and for the waiting
+        request about to be admitted; the scheduler applies it with
+        `long_prefill_token_threshold` (the smaller wins), the token budget and max_model_len.
+        A prefill longer than the cap is chunked over several steps; a decode needs 1 token, so
+        a cap never holds it back. (Default: None.)"""
         return None
 
     def on_step(self, now: float) -> None:

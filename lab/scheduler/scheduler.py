@@ -2,8 +2,10 @@
 
 There are no prefill/decode phases. Each request is owed `num_tokens - num_computed_tokens`
 tokens; a step serves running requests first (in list order), then waiting ones in policy order,
-within `max_num_batched_tokens` and `max_num_seqs`. *Who* is next and *who* is preempted is the
-queue policy's call; *what happens* to a preempted request is the preemption strategy's.
+within `max_num_batched_tokens` and `max_num_seqs`. *Who* is next, *who* is preempted (with a
+read-only view of the KV cache) and at most how many tokens a request gets in a step
+(`token_cap`) are the queue policy's call; *what happens* to a preempted request is the
+preemption strategy's.
 """
 
 from __future__ import annotations
@@ -177,10 +179,23 @@ class Scheduler(StepRecovery):
 
     def _tokens_owed(self, req: Request, budget: int) -> int:
         n = self._num_tokens_ahead(req) - req.num_computed_tokens
-        threshold = self.config.long_prefill_token_threshold
-        if 0 < threshold < n:
-            n = threshold
+        cap = self._step_cap(req)
+        if cap is not None and cap < n:
+            n = cap
         return min(n, budget, self.config.max_model_len - 1 - req.num_computed_tokens)
+
+    def _step_cap(self, req: Request) -> int | None:
+        """The most tokens `req` may get this step: the smaller of long_prefill_token_threshold
+        (when > 0) and the policy's token_cap; None: neither caps it."""
+        cap = self.waiting.token_cap(req)
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            raise ValueError(f"{type(self.waiting).__name__}.token_cap returned {cap!r} for "
+                             f"request {req.request_id!r}: it must be None (no cap) or an "
+                             "integer >= 1")
+        threshold = self.config.long_prefill_token_threshold
+        if threshold > 0 and (cap is None or threshold < cap):
+            return threshold
+        return cap
 
     def _schedule_running(self, plan: _StepPlan) -> None:
         i = 0
@@ -270,9 +285,10 @@ class Scheduler(StepRecovery):
         if not self.preemption.can_admit(req, self.kv, self.running):
             return None
 
+        cap = self._step_cap(req)
+
         def chunk(owed: int) -> int:
-            threshold = self.config.long_prefill_token_threshold
-            return min(owed, budget, threshold if threshold > 0 else owed)
+            return min(owed, budget, cap if cap is not None else owed)
 
         if req.status == RequestStatus.WAITING:
             return admit_from_prefix(req, self.kv, chunk)
