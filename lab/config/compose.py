@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # lab/conf: lab's own options
 GROUPS = ("model", "attention", "kernels", "quant", "scheduler", "preemption", "cache", "workload",
-          "executor", "logger", "logits_processors", "sim/step_time")
+          "executor", "logger", "logits_processors", "sim/step_time", "cache/eviction")
 
 
 def without_loggers_unless_given(overrides: list[str]) -> list[str]:
