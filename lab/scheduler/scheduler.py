@@ -74,13 +74,24 @@ class StepEvents:
 
 @dataclass(frozen=True)
 class SchedulerStats:
-    """What the engine reports of a step: queue sizes after it, its events, the KV cache."""
+    """What the engine reports of a step: queue sizes after it, its events, the KV cache, and
+    the names of the queue policy and the preemption strategy (`plugin_name`)."""
 
     num_running_reqs: int
     num_waiting_reqs: int  # swapped ones not included
     num_swapped_reqs: int
     events: StepEvents
     kv: KVCacheStats
+    queue_policy: str = ""
+    preemption_strategy: str = ""
+
+
+def plugin_name(plugin: object) -> str:
+    """A plug-in's `name` when its own class sets one, else its class name (so a subclass of
+    FCFSQueue that sets none is not reported as fcfs)."""
+    cls = type(plugin)
+    name = cls.__dict__.get("name")
+    return name if isinstance(name, str) and name else cls.__name__
 
 
 class Scheduler(StepRecovery):
@@ -104,6 +115,7 @@ class Scheduler(StepRecovery):
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
         self.events = StepEvents()
+        self.plugin_names = (plugin_name(queue), plugin_name(preemption))
         # per step scheduled and not yet updated: request id -> (request, tokens computed once
         # the step ran); the Request objects, as an id may be reused once its request ended
         self._steps: dict[int, dict[str, tuple[Request, int]]] = {}
@@ -152,7 +164,7 @@ class Scheduler(StepRecovery):
     def stats(self) -> SchedulerStats:
         """Queue sizes, this step's events, and the KV cache's counters since the last call."""
         return SchedulerStats(len(self.running), self.num_waiting - self.num_swapped,
-                              self.num_swapped, self.events, self.kv.stats())
+                              self.num_swapped, self.events, self.kv.stats(), *self.plugin_names)
 
     # -- schedule ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
