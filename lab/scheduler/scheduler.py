@@ -116,6 +116,8 @@ class Scheduler(StepRecovery):
         self.finished_req_ids: set[str] = set()
         self.events = StepEvents()
         self.plugin_names = (plugin_name(queue), plugin_name(preemption))
+        # a policy that keeps RequestQueue.token_cap (no cap) is not asked every request
+        self._asks_caps = type(queue).token_cap is not RequestQueue.token_cap
         # per step scheduled and not yet updated: request id -> (request, tokens computed once
         # the step ran); the Request objects, as an id may be reused once its request ended
         self._steps: dict[int, dict[str, tuple[Request, int]]] = {}
@@ -199,7 +201,7 @@ class Scheduler(StepRecovery):
     def _step_cap(self, req: Request) -> int | None:
         """The most tokens `req` may get this step: the smaller of long_prefill_token_threshold
         (when > 0) and the policy's token_cap; None: neither caps it."""
-        cap = self.waiting.token_cap(req)
+        cap = self.waiting.token_cap(req) if self._asks_caps else None
         if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
             raise ValueError(f"{type(self.waiting).__name__}.token_cap returned {cap!r} for "
                              f"request {req.request_id!r}: it must be None (no cap) or an "
