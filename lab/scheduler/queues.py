@@ -84,7 +84,8 @@ class RequestQueue(ABC):
         request about to be admitted; the scheduler applies it with
         `long_prefill_token_threshold` (the smaller wins), the token budget and max_model_len.
         A prefill longer than the cap is chunked over several steps; a decode needs 1 token, so
-        a cap never holds it back. (Default: None.)"""
+        a cap never holds it back. Override it in the policy's class: the scheduler asks only a
+        policy whose class overrides it. (Default: None.)"""
         return None
 
     def on_step(self, now: float) -> None:
