@@ -129,10 +129,10 @@ cfg, _ = serve_config_and_choices(["model=tiny_llama"])
 llm = AsyncLLM.from_config(cfg, [])
 try:
     build_app(llm, "tiny_llama")
-    print(sorted(m for m in sys.modules if m.startswith(%r)))
+    print(sorted(m for m in sys.modules if m.startswith(HEAVY)))
 finally:
     llm.shutdown()
-""" % (HEAVY,)
+""".replace("HEAVY", repr(HEAVY))
 
 
 def test_a_serve_frontend_imports_no_worker_model_or_kernel_code():

@@ -12,6 +12,7 @@ from lab.cache.hashing import (
     make_root_hash,
 )
 from lab.cache.manager import KVCacheManager, PrefixCacheStats, cdiv
+from lab.cache.view import KVCacheView, RequestBlocks
 
 __all__ = [
     "DEFAULT_HASH_SEED",
@@ -22,7 +23,9 @@ __all__ = [
     "FreeKVCacheBlockQueue",
     "KVCacheBlock",
     "KVCacheManager",
+    "KVCacheView",
     "PrefixCacheStats",
+    "RequestBlocks",
     "cdiv",
     "encode_value",
     "hash_block_tokens",

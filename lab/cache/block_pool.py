@@ -5,14 +5,17 @@ A block is in exactly one of three states:
   - evictable cached:   ref_cnt == 0, in the free queue, hash set and present in the map;
   - free:               ref_cnt == 0, in the free queue, no hash.
 Block 0 is the null block: popped at start, never freed, cached or reference-counted.
+Which free block an allocation reuses is the eviction policy's choice (lab/cache/eviction.py;
+LRU, the free queue's head, by default).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from lab.cache.block import FreeKVCacheBlockQueue, KVCacheBlock
+from lab.cache.eviction import EvictionPolicy, LRUEviction
 
 if TYPE_CHECKING:
     from lab.core.request import Request
@@ -57,7 +60,8 @@ class BlockHashToBlockMap:
 class BlockPool:
     """Owns `num_blocks` blocks; hands them out, takes them back, and keeps the prefix cache."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool,
+                 eviction: EvictionPolicy | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1 (block 0 is null), got {num_blocks}")
         self.num_blocks = num_blocks
@@ -67,6 +71,8 @@ class BlockPool:
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
+        self.eviction = eviction if eviction is not None else LRUEviction()
+        self.eviction.bind(self.free_block_queue)
         self.total_evicted = 0  # cumulative number of cached blocks evicted
         self._evicted_since_take = 0
 
@@ -85,13 +91,18 @@ class BlockPool:
         return self.cached_block_hash_to_block.get_one_block(block_hash)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Pop `num_blocks` blocks from the head of the free queue, evicting cached ones.
+        """Take `num_blocks` free blocks, the eviction policy's choice, evicting cached ones.
 
         Each returned block has ref_cnt 1 and no hash. Raises ValueError if too few are free.
         """
         if num_blocks > self.num_free_blocks:
             raise ValueError(f"cannot get {num_blocks} blocks; only {self.num_free_blocks} free")
-        blocks = self.free_block_queue.popleft_n(num_blocks)
+        if num_blocks <= 0:
+            return []
+        blocks = self.eviction.pop_free(num_blocks)
+        if len(blocks) != num_blocks:
+            raise RuntimeError(f"{type(self.eviction).__name__}.pop_free({num_blocks}) returned "
+                               f"{len(blocks)} blocks")
         for block in blocks:
             self._maybe_evict_cached_block(block)
             assert block.ref_cnt == 0, block
@@ -104,18 +115,21 @@ class BlockPool:
             return False
         self.cached_block_hash_to_block.pop(block_hash, block.block_id)
         block.reset_hash()
+        self.eviction.on_uncached(block)
         self.total_evicted += 1
         self._evicted_since_take += 1
         return True
 
-    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Take a reference on each block; an evictable hit leaves the free queue."""
+    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Take a reference on each block (prefix hits); an evictable hit leaves the free
+        queue."""
         for block in blocks:
             if block.is_null:
                 continue
             if block.ref_cnt == 0:
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
+        self.eviction.on_hit(blocks)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block; those reaching 0 join the queue tail in order."""
@@ -129,6 +143,8 @@ class BlockPool:
             if block.ref_cnt == 0:
                 released.append(block)
         self.free_block_queue.append_n(released)
+        if released:
+            self.eviction.on_freed(released)
 
     def cache_full_blocks(
         self,
@@ -162,6 +178,7 @@ class BlockPool:
         if block.block_hash is not None:
             self.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
             block.reset_hash()
+            self.eviction.on_uncached(block)
 
     def take_num_evicted(self) -> int:
         """Evictions since the last call (and reset that counter)."""
@@ -174,5 +191,7 @@ class BlockPool:
             return False
         self.cached_block_hash_to_block.clear()
         for block in self.blocks:
-            block.reset_hash()
+            if block.block_hash is not None:
+                block.reset_hash()
+                self.eviction.on_uncached(block)
         return True

@@ -21,6 +21,9 @@ others from the swap space:
 
     | still cached on device: touched | copied from the swap space | new for this step |
 
+Which free block an allocation reuses (evicting what it cached) is the eviction policy's choice
+(`eviction`, the cache/eviction group at cache.eviction; lab/cache/eviction.py).
+
 `dtype` (cache.dtype: auto | fp8) is only validated and recorded here; the worker allocates the
 tensors in that dtype (lab/attention/base.py), and bytes_per_block already reflects it.
 """
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING
 from lab.cache.block import KVCacheBlock
 from lab.cache.block_pool import BlockPool
 from lab.cache.dtypes import KV_CACHE_DTYPES
+from lab.cache.eviction import EvictionPolicy
 from lab.cache.swap import SwapSpace, SwapStep
 
 if TYPE_CHECKING:
@@ -76,6 +80,7 @@ class KVCacheManager:
     def __init__(
         self, num_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True,
         swap_space_gb: float = 0.0, bytes_per_block: int = 0, dtype: str = "auto",
+        eviction: EvictionPolicy | None = None,
     ) -> None:
         if dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"cache.dtype={dtype!r} is invalid: use one of "
@@ -93,7 +98,7 @@ class KVCacheManager:
         self.bytes_per_block = bytes_per_block  # KV bytes of one block over all layers
         num_swap = int(swap_space_gb * 2**30) // bytes_per_block if bytes_per_block > 0 else 0
         self.swap_space = SwapSpace(num_swap)
-        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.block_pool = BlockPool(num_blocks, enable_caching, eviction)  # None: LRU
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()  # since the last take

@@ -30,6 +30,7 @@ GROUP_BASES = {
     "scheduler": "lab.scheduler.queues.RequestQueue",
     "preemption": "lab.scheduler.preemption.PreemptionStrategy",
     "cache": "lab.cache.manager.KVCacheManager",
+    "cache/eviction": "lab.cache.eviction.EvictionPolicy",
     "workload": "lab.workloads.base.Workload",
     "executor": "lab.executor.base.Executor",
     "logger": "lab.metrics.base.StatLogger",

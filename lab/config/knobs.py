@@ -72,7 +72,8 @@ class EngineKnobs:
         20, "the most logprobs / prompt_logprobs a request may ask for", ge=-1,
         allowed="an integer >= 0, or -1 for no limit")
     long_prefill_token_threshold: int = knob(
-        0, "> 0 caps the tokens one request gets per step (0 = off)", ge=0)
+        0, "> 0 caps the tokens one request gets per step (0 = off)", ge=0,
+        details="a queue policy's token_cap can cap each request too; the smaller wins")
     seed: int = knob(0, "global seed (per-request seeds: SamplingParams.seed)", ge=0, lt=2**63)
     device: str = knob(
         "auto", "the engine's device (auto: CUDA when there is one, else the CPU)",

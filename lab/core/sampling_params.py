@@ -11,6 +11,12 @@ fields, as vLLM users write them) and checks what depends on the model there (vo
 
 Lists are stored as tuples (so the params stay immutable); `logit_bias` as a dict copy with int
 keys (JSON gives string keys; they are converted, as vLLM's server does).
+
+`extra_args` (vLLM's field) carries what a custom logits processor or plug-in reads per request
+(`AddedRequest.params.extra_args`): a dict with string keys and JSON-like values (None, bool,
+64-bit int, finite float, str, and lists / dicts of them), stored as a deep copy with tuples as
+lists, so it crosses to an engine-core process (engine_client=mp) unchanged. A subclass of
+SamplingParams crosses too (lab.engine.serial rebuilds it there by its import path).
 """
 
 from __future__ import annotations
@@ -19,12 +25,14 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 
 _SAMPLING_EPS = 1e-5  # a temperature below this is greedy
 _MIN_TEMP = 1e-2  # 0 < temperature < this is raised to this (vLLM: numerical safety)
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what a 64-bit generator seed can hold
 MAX_N = 16384  # vLLM's VLLM_MAX_N_SEQUENCES default
 MAX_NUM_BAD_WORDS = 128  # vLLM's VLLM_MAX_NUM_BAD_WORDS default (after tokenization)
+_MAX_DEPTH = 32  # the deepest nesting of lists / dicts extra_args may have
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -67,6 +75,8 @@ class SamplingParams:
     # bad_words as token ids: filled in by the engine's Processor from the tokenizer (users set
     # bad_words); each entry bans its last token after its other tokens were generated.
     bad_words_token_ids: tuple[tuple[int, ...], ...] | None = None
+    # free-form per-request arguments for custom logits processors and plug-ins (JSON-like)
+    extra_args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self._normalize()
@@ -102,6 +112,8 @@ class SamplingParams:
                                              for w in self.bad_words_token_ids))
         if isinstance(self.logit_bias, Mapping):
             put("logit_bias", _int_keys(self.logit_bias))
+        if isinstance(self.extra_args, Mapping):
+            put("extra_args", _plain_copy(self.extra_args))
         if _is_int(self.output_kind) and self.output_kind in tuple(RequestOutputKind):
             put("output_kind", RequestOutputKind(self.output_kind))
         if _is_number(self.temperature) and 0 < self.temperature < _MIN_TEMP:
@@ -176,6 +188,11 @@ class SamplingParams:
                 _is_int(self.truncate_prompt_tokens)
                 and (self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1)),
              "truncate_prompt_tokens must be None, -1 (max_model_len) or at least 1"),
+            ("extra_args", self.extra_args is None or (
+                isinstance(self.extra_args, dict) and _is_json_like(self.extra_args)),
+             "extra_args must be None or a dict with string keys and JSON-like values (None, "
+             f"bool, 64-bit int, finite float, str, and lists / dicts of them, nested at most "
+             f"{_MAX_DEPTH} deep)"),
             ("output_kind", isinstance(self.output_kind, RequestOutputKind),
              "output_kind must be a RequestOutputKind (CUMULATIVE, DELTA or FINAL_ONLY)"),
             *[(name, isinstance(getattr(self, name), bool), f"{name} must be True or False")
@@ -238,6 +255,35 @@ def _int_keys(bias: Mapping) -> Mapping[int, float]:
                              "(SamplingParams.logit_bias)")
         out[token] = value
     return out
+
+
+def _plain_copy(value: object, depth: int = 0) -> object:
+    """A deep copy of JSON-like data: mappings as dicts, lists and tuples as lists (what
+    MessagePack gives back), anything else (or deeper than validation allows) as it is."""
+    if depth > _MAX_DEPTH:
+        return value
+    if isinstance(value, Mapping):
+        return {k: _plain_copy(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain_copy(v, depth + 1) for v in value]
+    return value
+
+
+def _is_json_like(value: object, depth: int = 0) -> bool:
+    """None, bool, a 64-bit int, a finite float, str, or a list / str-keyed dict of those."""
+    if depth > _MAX_DEPTH:
+        return False
+    if value is None or isinstance(value, bool | str):
+        return True
+    if isinstance(value, int):
+        return SEED_MIN <= value <= SEED_MAX
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_is_json_like(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json_like(v, depth + 1) for k, v in value.items())
+    return False
 
 
 def _optional_k(x: object) -> bool:

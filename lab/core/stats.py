@@ -30,6 +30,10 @@ class StepStats:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     num_scheduled_reqs: int = 0
+    # the requests scheduled in the step, in the scheduler's order (running, then admitted)
+    scheduled_req_ids: list[str] = field(default_factory=list)
+    queue_policy: str = ""  # the `scheduler` group's policy (RequestQueue), by name
+    preemption_strategy: str = ""  # the `preemption` group's strategy, by name
     num_preempted: int = 0  # this step
     preempted_by_strategy: dict[str, int] = field(default_factory=dict)
     kv_cache_usage: float = 0.0  # 0..1

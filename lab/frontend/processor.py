@@ -5,13 +5,22 @@ vocabulary, logprobs against `max_logprobs`, bad words that tokenize, what each 
 logits processor accepts), tokenizes the prompt, applies `truncate_prompt_tokens`, and builds
 the `EngineCoreRequest`. A bad request raises ValueError / TypeError naming the field and what
 is allowed; nothing has been queued then.
+
+A parameter that only a logits processor implements (`LogitsProcessor.implements`: min_tokens,
+logit_bias, penalties, ...) is refused when the engine does not list that processor
+(`logits_processors=[penalties]` drops the others), naming the processor's option and how to
+list it, instead of being ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import MISSING, dataclass, replace
 
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+
+from lab.config.plugins import option_files
 from lab.core.model_info import ModelInfo
 from lab.core.protocol import EngineCoreRequest
 from lab.core.sampling_params import MAX_NUM_BAD_WORDS, SamplingParams, as_sampling_params
@@ -42,6 +51,12 @@ class Processor:
         self.max_logprobs = max_logprobs
         # the configured processors' classes (their validate_params), from instances or partials
         self.processor_classes = [_class_of(p) for p in logits_processors]
+        # SamplingParams field -> (option, class) of a logits_processors option that implements
+        # it, for the fields no configured processor implements (requests setting them refused)
+        listed = {name for cls in self.processor_classes
+                  for name in getattr(cls, "implements", ())}
+        self.unserved = {name: owner for name, owner in group_implementers().items()
+                         if name not in listed}
 
     def process(self, prompt: object, params: object) -> ProcessedRequest:
         text = prompt if isinstance(prompt, str) else None
@@ -109,9 +124,22 @@ class Processor:
         elif params.bad_words_token_ids is not None:
             for word in params.bad_words_token_ids:
                 self._check_vocab(word, "bad_words_token_ids")
+        self._check_served(params)
         for cls in self.processor_classes:
             cls.validate_params(params)
         return self._bound(params)
+
+    def _check_served(self, params: SamplingParams) -> None:
+        """Refuse a parameter whose logits processor this engine does not run."""
+        for name, (option, cls) in self.unserved.items():
+            if not sets(params, name):
+                continue
+            running = ", ".join(c.__name__ for c in self.processor_classes) or "none"
+            raise ValueError(
+                f"{name}={getattr(params, name)!r} needs the logits processor {option!r} "
+                f"({cls.__module__}.{cls.__qualname__}), which this engine does not run (it "
+                f"runs: {running}): list it, e.g. logits_processors=[...,{option}] (the default "
+                f"list has every built-in). (SamplingParams.{name})")
 
     def _bound(self, params: SamplingParams) -> SamplingParams:
         """Cap the counts that may be larger than anything the model can use — top_k beyond
@@ -166,6 +194,27 @@ class Processor:
         for word in words:
             self._check_vocab(word, "bad_words")
         return tuple(words)
+
+
+def group_implementers() -> dict[str, tuple[str, type]]:
+    """SamplingParams field -> (option, class) over the options of the logits_processors group
+    (lab's and installed plug-ins'), from each class's `implements`."""
+    owners: dict[str, tuple[str, type]] = {}
+    for path in option_files("logits_processors"):
+        cls = get_class(OmegaConf.load(path)["_target_"])
+        for name in getattr(cls, "implements", ()):
+            owners.setdefault(name, (path.stem, cls))
+    return owners
+
+
+def sets(params: SamplingParams, name: str) -> bool:
+    """Whether `params` asks for something with field `name`: a value other than the field's
+    default (None and an empty list or dict ask nothing)."""
+    value = getattr(params, name, None)
+    if value is None or (isinstance(value, tuple | list | dict | str) and not value):
+        return False
+    field = type(params).__dataclass_fields__.get(name)
+    return field is None or field.default is MISSING or value != field.default
 
 
 def _class_of(processor: object) -> type:

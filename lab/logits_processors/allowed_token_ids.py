@@ -15,6 +15,8 @@ class AllowedTokenIdsLogitsProcessor(RowStateLogitsProcessor):
     State: a [max_num_reqs, vocab] bool mask of banned tokens (all False in rows that do not
     restrict), as vLLM keeps it; one masked_fill over the batch per step."""
 
+    implements = ("allowed_token_ids",)
+
     def uses(self, added: AddedRequest) -> bool:
         """A request that restricts its tokens."""
         return added.params.allowed_token_ids is not None

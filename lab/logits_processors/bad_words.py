@@ -21,6 +21,8 @@ class BadWordsLogitsProcessor(RowStateLogitsProcessor):
     compares all (row, word) pairs at once and bans with one scatter_reduce(amin) of
     -inf/+inf."""
 
+    implements = ("bad_words", "bad_words_token_ids")
+
     def uses(self, added: AddedRequest) -> bool:
         """A request with bad words (as token ids)."""
         return bool(added.params.bad_words_token_ids)

@@ -33,7 +33,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -82,6 +82,13 @@ class LogitsProcessorContext:
 
 class LogitsProcessor(ABC):
     """Base class of the `logits_processors` config group (vLLM V1's interface)."""
+
+    #: the SamplingParams fields this processor implements, declared here and nowhere else.
+    #: Where a request enters the engine (lab.frontend.processor), a request that sets one of
+    #: them (to anything but its default) is refused when no listed processor implements it,
+    #: naming the option of the logits_processors group that does. A processor reading only
+    #: `extra_args` (free-form) or a SamplingParams subclass's own fields declares nothing.
+    implements: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, context: LogitsProcessorContext) -> None:
         self.context = context

@@ -14,6 +14,8 @@ class LogitBiasLogitsProcessor(RowStateLogitsProcessor):
     State: each row's biased tokens and biases, padded to the widest request seen (padding:
     token 0 with bias 0.0, which adds nothing); one scatter_add over the batch per step."""
 
+    implements = ("logit_bias",)
+
     def uses(self, added: AddedRequest) -> bool:
         """A request with a non-empty logit_bias."""
         return bool(added.params.logit_bias)

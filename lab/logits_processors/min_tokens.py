@@ -17,6 +17,8 @@ class MinTokensLogitsProcessor(RowStateLogitsProcessor):
     so no host sync) and its stop tokens, padded with repeats of its first one. `apply` is one
     scatter_reduce(amin) of -inf (row still short) or +inf (no-op) over the batch."""
 
+    implements = ("min_tokens",)
+
     def uses(self, added: AddedRequest) -> bool:
         """A request with min_tokens still ahead of its output and some stop token to mask."""
         return (added.params.min_tokens > len(added.output_token_ids)

@@ -20,6 +20,8 @@ class PenaltiesLogitsProcessor(RowStateLogitsProcessor):
     list on add, then one index_put per step in `on_sampled`). Counts of neutral rows may be
     stale: their penalties make them no-ops."""
 
+    implements = ("repetition_penalty", "frequency_penalty", "presence_penalty")
+
     def uses(self, added: AddedRequest) -> bool:
         """A request with any penalty that is not a no-op."""
         p = added.params

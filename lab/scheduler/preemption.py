@@ -37,7 +37,9 @@ def admit_from_prefix(request: Request, kv: KVCacheManager, chunk: ChunkRule) ->
 
 
 class PreemptionStrategy(ABC):
-    """Base class of the `preemption` group."""
+    """Base class of the `preemption` group: what happens to a victim. Which request is the
+    victim is the queue policy's choice (`RequestQueue.victim` / `preempt_for`, which read the
+    KV cache through a KVCacheView), never the strategy's."""
 
     name = "base"
     #: False for admission-control strategies that promise never to preempt

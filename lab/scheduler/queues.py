@@ -11,13 +11,30 @@ import math
 from abc import ABC, abstractmethod
 from collections import Counter, deque
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab.core.request import Request
 
+if TYPE_CHECKING:
+    from lab.cache.view import KVCacheView
+
 
 class RequestQueue(ABC):
-    """Base class of the `scheduler` group: the waiting queue and the choice of victim."""
+    """Base class of the `scheduler` group: the waiting queue and the choice of victim.
+
+    The victim is chosen here and nowhere else: `victim` when a running request lacks a KV
+    block, `preempt_for` when a waiting request should displace a running one. Both get `kv`, a
+    read-only `lab.cache.view.KVCacheView` of the cache as it is at that moment:
+    `kv.blocks_of(r)` gives the blocks a candidate holds, how many of them are in the prefix
+    cache (`num_cached_blocks`) or shared with another request (`num_shared_blocks`: preempting
+    it frees none of those), `num_freed_blocks` and its computed tokens; `kv.num_free_blocks`
+    and `kv.usage` describe the whole cache. The scheduler always passes it; it is None only
+    when a test calls the policy by hand. What then happens to the victim (recompute, swap) is
+    the preemption strategy's (`lab/scheduler/preemption.py`), not the policy's.
+
+    `token_cap` is the policy's other say in a step: at most how many tokens a request gets in
+    it (a per-request `long_prefill_token_threshold`).
+    """
 
     name = "base"
 
@@ -49,12 +66,26 @@ class RequestQueue(ABC):
     def __len__(self) -> int: ...
 
     @abstractmethod
-    def victim(self, running: list[Request]) -> Request:
-        """The running request to preempt when memory runs short."""
+    def victim(self, running: list[Request], kv: KVCacheView | None = None) -> Request:
+        """The running request to preempt when a running request lacks a KV block (`running`
+        in batch order, never empty; returning the request that asked preempts it). `kv`: the
+        cache's read-only view (see the class docstring)."""
 
-    def preempt_for(self, request: Request, running: list[Request]) -> Request | None:
+    def preempt_for(self, request: Request, running: list[Request],
+                    kv: KVCacheView | None = None) -> Request | None:
         """A running request to preempt so that waiting `request` (the head) can be admitted
-        when it lacks KV blocks or a sequence slot; None to let it wait. (Default: None.)"""
+        when it lacks KV blocks or a sequence slot; None to let it wait. `kv` as in `victim`.
+        (Default: None.)"""
+        return None
+
+    def token_cap(self, request: Request) -> int | None:
+        """At most how many tokens `request` may get in the step being scheduled (an int >= 1),
+        or None for no cap. Asked for every running request the step serves and for the waiting
+        request about to be admitted; the scheduler applies it with
+        `long_prefill_token_threshold` (the smaller wins), the token budget and max_model_len.
+        A prefill longer than the cap is chunked over several steps; a decode needs 1 token, so
+        a cap never holds it back. Override it in the policy's class: the scheduler asks only a
+        policy whose class overrides it. (Default: None.)"""
         return None
 
     def on_step(self, now: float) -> None:
@@ -101,7 +132,7 @@ class FCFSQueue(RequestQueue):
     def __len__(self) -> int:
         return len(self._q)
 
-    def victim(self, running: list[Request]) -> Request:
+    def victim(self, running: list[Request], kv: KVCacheView | None = None) -> Request:
         return running[-1]
 
 
@@ -156,14 +187,15 @@ class PriorityQueue(RequestQueue):
     def __len__(self) -> int:
         return len(self._live)
 
-    def victim(self, running: list[Request]) -> Request:
+    def victim(self, running: list[Request], kv: KVCacheView | None = None) -> Request:
         """The least important running request (largest priority value, latest arrival)."""
         return max(running, key=Request.sort_key)
 
-    def preempt_for(self, request: Request, running: list[Request]) -> Request | None:
+    def preempt_for(self, request: Request, running: list[Request],
+                    kv: KVCacheView | None = None) -> Request | None:
         if not running:
             return None
-        victim = self.victim(running)
+        victim = self.victim(running, kv)
         return victim if victim.priority > request.priority else None
 
 
@@ -239,7 +271,7 @@ class SJFQueue(_ScanQueue):
             return (0, request.arrival_time, request.sort_key())
         return (1, remaining_work(request), request.sort_key())
 
-    def victim(self, running: list[Request]) -> Request:
+    def victim(self, running: list[Request], kv: KVCacheView | None = None) -> Request:
         return max(running, key=lambda r: (remaining_work(r), r.sort_key()))
 
 
@@ -301,7 +333,7 @@ class FairQueue(_ScanQueue):
     def _key(self, request: Request) -> tuple[Any, ...]:
         return (self.counters.get(request.client_id, 0.0), request.sort_key())
 
-    def victim(self, running: list[Request]) -> Request:
+    def victim(self, running: list[Request], kv: KVCacheView | None = None) -> Request:
         return max(running, key=self._key)
 
 

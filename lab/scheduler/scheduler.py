@@ -2,8 +2,10 @@
 
 There are no prefill/decode phases. Each request is owed `num_tokens - num_computed_tokens`
 tokens; a step serves running requests first (in list order), then waiting ones in policy order,
-within `max_num_batched_tokens` and `max_num_seqs`. *Who* is next and *who* is preempted is the
-queue policy's call; *what happens* to a preempted request is the preemption strategy's.
+within `max_num_batched_tokens` and `max_num_seqs`. *Who* is next, *who* is preempted (with a
+read-only view of the KV cache) and at most how many tokens a request gets in a step
+(`token_cap`) are the queue policy's call; *what happens* to a preempted request is the
+preemption strategy's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from lab.cache.manager import KVCacheManager, KVCacheStats
+from lab.cache.view import KVCacheView
 from lab.core.request import Request, RequestStatus
 from lab.core.step import (
     CachedRequestData,
@@ -71,13 +74,24 @@ class StepEvents:
 
 @dataclass(frozen=True)
 class SchedulerStats:
-    """What the engine reports of a step: queue sizes after it, its events, the KV cache."""
+    """What the engine reports of a step: queue sizes after it, its events, the KV cache, and
+    the names of the queue policy and the preemption strategy (`plugin_name`)."""
 
     num_running_reqs: int
     num_waiting_reqs: int  # swapped ones not included
     num_swapped_reqs: int
     events: StepEvents
     kv: KVCacheStats
+    queue_policy: str = ""
+    preemption_strategy: str = ""
+
+
+def plugin_name(plugin: object) -> str:
+    """A plug-in's `name` when its own class sets one, else its class name (so a subclass of
+    FCFSQueue that sets none is not reported as fcfs)."""
+    cls = type(plugin)
+    name = cls.__dict__.get("name")
+    return name if isinstance(name, str) and name else cls.__name__
 
 
 class Scheduler(StepRecovery):
@@ -93,6 +107,7 @@ class Scheduler(StepRecovery):
     ) -> None:
         self.config = config
         self.kv = kv_manager
+        self.kv_view = KVCacheView(kv_manager)  # what the policy's victim choice may read
         self.waiting = queue
         self.preemption = preemption
         self.clock = clock
@@ -100,6 +115,9 @@ class Scheduler(StepRecovery):
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
         self.events = StepEvents()
+        self.plugin_names = (plugin_name(queue), plugin_name(preemption))
+        # a policy that keeps RequestQueue.token_cap (no cap) is not asked every request
+        self._asks_caps = type(queue).token_cap is not RequestQueue.token_cap
         # per step scheduled and not yet updated: request id -> (request, tokens computed once
         # the step ran); the Request objects, as an id may be reused once its request ended
         self._steps: dict[int, dict[str, tuple[Request, int]]] = {}
@@ -148,7 +166,7 @@ class Scheduler(StepRecovery):
     def stats(self) -> SchedulerStats:
         """Queue sizes, this step's events, and the KV cache's counters since the last call."""
         return SchedulerStats(len(self.running), self.num_waiting - self.num_swapped,
-                              self.num_swapped, self.events, self.kv.stats())
+                              self.num_swapped, self.events, self.kv.stats(), *self.plugin_names)
 
     # -- schedule ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -175,10 +193,23 @@ class Scheduler(StepRecovery):
 
     def _tokens_owed(self, req: Request, budget: int) -> int:
         n = self._num_tokens_ahead(req) - req.num_computed_tokens
-        threshold = self.config.long_prefill_token_threshold
-        if 0 < threshold < n:
-            n = threshold
+        cap = self._step_cap(req)
+        if cap is not None and cap < n:
+            n = cap
         return min(n, budget, self.config.max_model_len - 1 - req.num_computed_tokens)
+
+    def _step_cap(self, req: Request) -> int | None:
+        """The most tokens `req` may get this step: the smaller of long_prefill_token_threshold
+        (when > 0) and the policy's token_cap; None: neither caps it."""
+        cap = self.waiting.token_cap(req) if self._asks_caps else None
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            raise ValueError(f"{type(self.waiting).__name__}.token_cap returned {cap!r} for "
+                             f"request {req.request_id!r}: it must be None (no cap) or an "
+                             "integer >= 1")
+        threshold = self.config.long_prefill_token_threshold
+        if threshold > 0 and (cap is None or threshold < cap):
+            return threshold
+        return cap
 
     def _schedule_running(self, plan: _StepPlan) -> None:
         i = 0
@@ -204,7 +235,7 @@ class Scheduler(StepRecovery):
             blocks = self.kv.allocate_slots(req, n)
             if blocks is not None:
                 return blocks
-            victim = self.waiting.victim(self.running)
+            victim = self.waiting.victim(self.running, self.kv_view)
             self._preempt(victim, plan)
             if victim is req:
                 return None
@@ -268,9 +299,10 @@ class Scheduler(StepRecovery):
         if not self.preemption.can_admit(req, self.kv, self.running):
             return None
 
+        cap = self._step_cap(req)
+
         def chunk(owed: int) -> int:
-            threshold = self.config.long_prefill_token_threshold
-            return min(owed, budget, threshold if threshold > 0 else owed)
+            return min(owed, budget, cap if cap is not None else owed)
 
         if req.status == RequestStatus.WAITING:
             return admit_from_prefix(req, self.kv, chunk)
@@ -280,7 +312,7 @@ class Scheduler(StepRecovery):
         """Let the policy preempt a running request in favour of waiting `req` (priority)."""
         if not self.preemption.preempts:
             return False
-        victim = self.waiting.preempt_for(req, self.running)
+        victim = self.waiting.preempt_for(req, self.running, self.kv_view)
         if victim is None or victim is req:
             return False
         self._preempt(victim, plan)
