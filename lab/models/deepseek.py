@@ -39,7 +39,8 @@ import torch
 from torch import nn
 
 from lab.attention.base import AttentionBackend, AttentionSpec
-from lab.attention.mla import MLAWeights, mla_attention_spec
+from lab.attention.mla import MLAWeights
+from lab.attention.spec import mla_attention_spec
 from lab.distributed.parallel_state import GroupCoordinator
 from lab.layers.decoder import DecoderStack, GatedMLP, PreNormDecoderLayer, check_silu
 from lab.layers.embedding import ParallelLMHead, VocabParallelEmbedding
