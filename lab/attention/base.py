@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lab.attention.spec import AttentionSpec
 from lab.cache.dtypes import KV_CACHE_DTYPES
 from lab.kernels.fp8_kv import FP8_KV_DTYPE, calibrate_kv_scale
 
@@ -49,40 +50,6 @@ def kv_cache_torch_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dt
                          f"{', '.join(KV_CACHE_DTYPES)} (auto = the model dtype, fp8 = float8 "
                          "e4m3 with per-layer scales)")
     return FP8_KV_DTYPE if cache_dtype == "fp8" else model_dtype
-
-
-@dataclass(frozen=True)
-class AttentionSpec:
-    """What a model layer needs from attention (filled by the model from its HF config)."""
-
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    kind: str = "gqa"  # "mha"/"gqa" share one path; "mla" is a latent-cache model
-    # MLA only (kind="mla", see lab/attention/mla.py): one latent "KV head" of width
-    # head_dim = kv_lora_rank + qk_rope_head_dim per token; 0 for other kinds.
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-
-    def __post_init__(self) -> None:
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
-            )
-        latent = self.kv_lora_rank + self.qk_rope_head_dim
-        if self.kind == "mla" and (self.num_kv_heads != 1 or self.head_dim != latent):
-            raise ValueError(
-                f"an MLA spec has num_kv_heads=1 and head_dim=kv_lora_rank+qk_rope_head_dim={latent} "
-                f"(got num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim})"
-            )
-
-    @property
-    def kv_elems_per_token(self) -> int:
-        """Cache elements one token takes in one layer: K and V of every KV head, or MLA's one
-        latent row (kv_c | k_pe). What every backend's KV bytes and the simulator's follow."""
-        return self.head_dim if self.kind == "mla" else 2 * self.num_kv_heads * self.head_dim
 
 
 @dataclass(frozen=True)

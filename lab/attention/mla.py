@@ -1,4 +1,5 @@
-"""Multi-head latent attention (MLA, DeepSeek-V2/V3): its spec, its latent KV cache, its seam.
+"""Multi-head latent attention (MLA, DeepSeek-V2/V3): its latent KV cache and its seam (its spec,
+`mla_attention_spec`, is plain data: lab/attention/spec.py).
 
 Per token the model computes (H heads, L = kv_lora_rank, R = qk_rope_head_dim, N = qk_nope_head_dim,
 V = v_head_dim):
@@ -34,19 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lab.attention.base import AttentionSpec, KVCacheSpec
-
-
-def mla_attention_spec(
-    num_heads: int, kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int,
-    v_head_dim: int,
-) -> AttentionSpec:
-    """The AttentionSpec of an MLA layer: one latent KV head of width L + R."""
-    return AttentionSpec(
-        num_heads=num_heads, num_kv_heads=1, head_dim=kv_lora_rank + qk_rope_head_dim, kind="mla",
-        kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
-        qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim,
-    )
+from lab.attention.base import KVCacheSpec
+from lab.attention.spec import AttentionSpec
 
 
 def mla_kv_cache_spec(spec: AttentionSpec, block_size: int, dtype: torch.dtype) -> KVCacheSpec:

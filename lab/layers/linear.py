@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lab.attention.spec import kv_heads_per_rank
 from lab.distributed.parallel_state import GroupCoordinator
 from lab.kernels import cpu_gemm, cpu_sgemm
 from lab.kernels.cpu_ext import PackedGemm
@@ -337,17 +338,6 @@ class QKVParallelLinear(MergedColumnParallelLinear):
 
 
 QKVLinear = QKVParallelLinear
-
-
-def kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> tuple[int, int]:
-    """(kv heads each rank holds, ranks that hold each kv head): split when tp <= Hkv (Hkv must
-    divide), replicated one per rank when tp > Hkv (tp must be a multiple of Hkv)."""
-    if tp_size <= num_kv_heads:
-        return divide(num_kv_heads, tp_size, "num_key_value_heads"), 1
-    if tp_size % num_kv_heads:
-        raise ValueError(f"tensor_parallel_size={tp_size} is not a multiple of "
-                         f"num_key_value_heads={num_kv_heads} (kv heads cannot be replicated evenly)")
-    return 1, tp_size // num_kv_heads
 
 
 class RowParallelLinear(Linear):

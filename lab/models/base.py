@@ -8,9 +8,10 @@ device and dtype, then filled by `load_weights`. Each step the model runner call
     logits = model.compute_logits(hidden[logits_indices])            # [N, hidden] -> [N, vocab]
 
 on one flat token batch (requests back to back, see lab/attention/base.py), and the worker sizes
-the KV cache from `attention_spec` (per layer) times `num_layers`. `attention_spec_for(hf_config,
-tp_size)` gives the same spec from the config alone, without building the model (what the loader
-checks against the backend, and what a simulator needs to count KV bytes per token).
+the KV cache from `attention_spec` (per layer) times `num_layers`. What the model is from its
+config alone lives in its `arch_spec` (lab/models/arch.py, torch-free): `attention_spec(hf_config,
+tp_size)` gives the same spec without building the model (what the loader checks against the
+backend, and what the simulator counts KV bytes per token from).
 
 Tensor parallelism (`tp`, a GroupCoordinator; None: one rank): every rank of the group builds
 the model with the same `tp`, loads the same unsharded checkpoint (each layer keeps its part)
@@ -23,18 +24,23 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-from lab.attention.base import AttentionBackend, AttentionSpec
+from lab.attention.base import AttentionBackend
+from lab.attention.spec import AttentionSpec
 from lab.distributed.parallel_state import GroupCoordinator
 from lab.layers.ops import LayerOps, TorchOps
+from lab.models.arch import ArchSpec
 
 
 class CausalLM(nn.Module, ABC):
     """Base class of the model families: a causal LM over a flat batch with paged attention."""
 
+    #: what this model is from its config alone (the spec the architectures table maps to it)
+    arch_spec: ClassVar[type[ArchSpec]]
     #: the attention every layer of this model runs (one spec for all layers)
     attention_spec: AttentionSpec
     #: the decoder layers that own a KV cache (one cache tensor each)
@@ -54,15 +60,8 @@ class CausalLM(nn.Module, ABC):
         self.ops = ops or TorchOps()
         self.tp = tp or GroupCoordinator.single()
         self.expert_parallel = expert_parallel
-        self.attention_spec = self.attention_spec_for(hf_config, self.tp.world_size)
+        self.attention_spec = self.arch_spec.attention_spec(hf_config, self.tp.world_size)
         self.num_layers = hf_config.num_hidden_layers
-
-    @classmethod
-    @abstractmethod
-    def attention_spec_for(cls, hf_config, tp_size: int = 1) -> AttentionSpec:
-        """The AttentionSpec of one rank of a model of this class with this HF config over
-        `tp_size` tensor-parallel ranks, built from the config alone (no weights, no layers);
-        ValueError naming the config field that does not divide."""
 
     @abstractmethod
     def forward(
@@ -83,11 +82,3 @@ class CausalLM(nn.Module, ABC):
         """Load HF-named tensors strictly: raise ValueError naming every missing, unexpected and
         mis-shaped tensor. Returns the names of the parameters loaded."""
 
-
-def check_tp_divisible(hf_config, tp_size: int, fields: tuple[str, ...]) -> None:
-    """ValueError naming the first config field in `fields` (absent or None ones are skipped)
-    that `tp_size` does not divide."""
-    for field in fields:
-        value = getattr(hf_config, field, None)
-        if value is not None and value % tp_size:
-            raise ValueError(f"{field}={value} is not divisible by tensor_parallel_size={tp_size}")

@@ -1,7 +1,8 @@
 """DeepSeek-V2 / V3: multi-head latent attention (MLA) + mixture of experts, as transformers runs them.
 
-Same frame as lab/models/llama.py (flat token batch, explicit backend and metadata, LayerOps for
-norm / rotary / activation / experts). Attention (H heads, L = kv_lora_rank, R = qk_rope_head_dim,
+What V2 and V3 are from the config alone (MLA spec, MoE layers, rope layout, router groups) is
+lab/models/deepseek_arch.py's. Same frame as lab/models/llama.py (flat token batch, explicit
+backend and metadata, LayerOps for norm / rotary / activation / experts). Attention (H heads, L = kv_lora_rank, R = qk_rope_head_dim,
 N = qk_nope_head_dim, V = v_head_dim; the latent cache and the math: lab/attention/mla.py):
 
     q        = q_proj(h)  or  q_b_proj(q_a_layernorm(q_a_proj(h)))   [T, H, N + R] | q_nope | q_pe |
@@ -38,8 +39,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from lab.attention.base import AttentionBackend, AttentionSpec
-from lab.attention.mla import MLAWeights, mla_attention_spec
+from lab.attention.base import AttentionBackend
+from lab.attention.mla import MLAWeights
 from lab.distributed.parallel_state import GroupCoordinator
 from lab.layers.decoder import DecoderStack, GatedMLP, PreNormDecoderLayer, check_silu
 from lab.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -60,7 +61,8 @@ from lab.layers.moe import (
 from lab.layers.norm import RMSNorm
 from lab.layers.ops import LayerOps
 from lab.layers.rotary import RotaryEmbedding, rope_parameters
-from lab.models.base import CausalLM, check_tp_divisible
+from lab.models.base import CausalLM
+from lab.models.deepseek_arch import DeepseekV2Spec, DeepseekV3Spec, check_moe_tp, is_moe_layer
 from lab.models.weight_utils import StackedMapping, WeightCheck
 
 STACKED = StackedMapping((("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)))
@@ -80,14 +82,6 @@ def yarn_softmax_scale(cfg) -> float:
     return scale
 
 
-def mla_spec(cfg, tp_size: int = 1) -> AttentionSpec:
-    """The MLA spec of one of `tp_size` ranks: its num_attention_heads / tp heads over the
-    full latent row (the same cache on every rank)."""
-    check_tp_divisible(cfg, tp_size, ("num_attention_heads",))
-    return mla_attention_spec(cfg.num_attention_heads // tp_size, cfg.kv_lora_rank,
-                              cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim)
-
-
 def mla_rotary(cfg, style: str, ops: LayerOps) -> RotaryEmbedding:
     """The R-dim rotary of an MLA model (inverse frequencies and yarn factor as transformers)."""
     inv_freq, scaling = rope_parameters(cfg, cfg.qk_rope_head_dim)
@@ -102,9 +96,9 @@ class DeepseekAttention(nn.Module):
                  rope_style: str, ops: LayerOps, tp: GroupCoordinator):
         super().__init__()
         self.layer_idx, self.backend, self.rotary_emb = layer_idx, backend, rotary
-        self.spec = mla_spec(cfg, tp.world_size)  # this rank's heads
+        self.spec = DeepseekV2Spec.attention_spec(cfg, tp.world_size)  # this rank's heads
         h, n, r, lat = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
-        bias = bool(getattr(cfg, "attention_bias", False))
+        bias = DeepseekV2Spec.attention_bias(cfg)
         self.q_lora_rank = cfg.q_lora_rank
         if self.q_lora_rank is None:
             self.q_proj = ColumnParallelLinear(cfg.hidden_size, h * (n + r), tp=tp)
@@ -150,28 +144,6 @@ class DeepseekAttention(nn.Module):
         out = self.backend.forward_mla(self.layer_idx, q_nope, q_pe, kv_c, k_pe[:, 0], kv_cache,
                                        metadata, self.mla_weights(), self.scale)
         return self.o_proj(out.reshape(t, -1))
-
-
-def is_moe_layer(cfg, layer_idx: int) -> bool:
-    """MoE iff experts exist, past the first dense layers, and on the moe_layer_freq stride."""
-    freq = getattr(cfg, "moe_layer_freq", 1) or 1
-    return bool(getattr(cfg, "n_routed_experts", None)) and (
-        layer_idx >= (getattr(cfg, "first_k_dense_replace", 0) or 0) and layer_idx % freq == 0)
-
-
-def check_moe_tp(cfg, tp_size: int, expert_parallel: bool) -> None:
-    """ValueError naming the field that `tp_size` does not divide: the dense MLP's
-    intermediate_size, and with MoE layers moe_intermediate_size (experts split) or
-    n_routed_experts (expert_parallel), and the shared experts' width."""
-    moe = bool(getattr(cfg, "n_routed_experts", None))
-    fields = ("intermediate_size",)
-    if moe:
-        fields += ("n_routed_experts",) if expert_parallel else ("moe_intermediate_size",)
-    check_tp_divisible(cfg, tp_size, fields)
-    shared = (cfg.moe_intermediate_size * (cfg.n_shared_experts or 0)) if moe else 0
-    if shared % tp_size:
-        raise ValueError(f"moe_intermediate_size * n_shared_experts={shared} (the shared experts) "
-                         f"is not divisible by tensor_parallel_size={tp_size}")
 
 
 class DeepseekDecoderLayer(PreNormDecoderLayer):
@@ -224,30 +196,15 @@ class DeepseekV2ForCausalLM(CausalLM):
     # as per-head views w_uk / w_uv (lab/attention/mla.py MLAWeights)
     dense_linears = ("kv_b_proj",)
 
-    @classmethod
-    def rope_style(cls, cfg) -> str:
-        """How the rope dims are laid out: "gptj", "deinterleave" (then neox) or "neox"."""
-        return "gptj"
+    arch_spec = DeepseekV2Spec
 
     @classmethod
     def make_gate(cls, cfg) -> nn.Module:
         """The router of a MoE layer. transformers' V2 ignores norm_topk_prob (released V2
         checkpoints set it false), and so does this."""
-        method = getattr(cfg, "topk_method", "greedy")
-        if method not in ("greedy", "group_limited_greedy"):
-            raise ValueError(f"DeepSeek-V2 topk_method={method!r} is not supported "
-                             "(supported: greedy, group_limited_greedy)")
-        grouped = method == "group_limited_greedy"
-        return SoftmaxTopKGate(
-            cfg.n_routed_experts, cfg.hidden_size, cfg.num_experts_per_tok,
-            cfg.n_group if grouped else None, cfg.topk_group if grouped else None,
-            cfg.routed_scaling_factor)
-
-    @classmethod
-    def attention_spec_for(cls, hf_config, tp_size: int = 1) -> AttentionSpec:
-        """This rank's num_attention_heads / tp heads; the latent cache row is the same on
-        every rank."""
-        return mla_spec(hf_config, tp_size)
+        n_group, topk_group = cls.arch_spec.router_groups(cfg)
+        return SoftmaxTopKGate(cfg.n_routed_experts, cfg.hidden_size, cfg.num_experts_per_tok,
+                               n_group, topk_group, cfg.routed_scaling_factor)
 
     def __init__(self, hf_config, attn_backend: AttentionBackend, ops: LayerOps | None = None,
                  tp: GroupCoordinator | None = None, expert_parallel: bool = False):
@@ -256,8 +213,8 @@ class DeepseekV2ForCausalLM(CausalLM):
         check_moe_tp(cfg, self.tp.world_size, expert_parallel)
         self.num_extra_layers = getattr(cfg, "num_nextn_predict_layers", 0) or 0  # V3's MTP
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.model = DeepseekModel(cfg, attn_backend, self.rope_style(cfg), self.make_gate,
-                                   self.ops, self.tp, expert_parallel)
+        self.model = DeepseekModel(cfg, attn_backend, self.arch_spec.rope_style(cfg),
+                                   self.make_gate, self.ops, self.tp, expert_parallel)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp=self.tp)
         if self.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
@@ -317,12 +274,11 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     """DeepSeek-V3 / R1: sigmoid-scored, bias-corrected group-limited routing (noaux_tc);
     rope on interleaved pairs (rope_interleave, HF's default) or rotated halves."""
 
-    @classmethod
-    def rope_style(cls, cfg) -> str:
-        return "deinterleave" if getattr(cfg, "rope_interleave", True) else "neox"
+    arch_spec = DeepseekV3Spec
 
     @classmethod
     def make_gate(cls, cfg) -> nn.Module:
+        n_group, topk_group = cls.arch_spec.router_groups(cfg)
         return SigmoidGroupTopKGate(
-            cfg.n_routed_experts, cfg.hidden_size, cfg.num_experts_per_tok, cfg.n_group or 1,
-            cfg.topk_group or 1, bool(cfg.norm_topk_prob), cfg.routed_scaling_factor)
+            cfg.n_routed_experts, cfg.hidden_size, cfg.num_experts_per_tok, n_group, topk_group,
+            bool(cfg.norm_topk_prob), cfg.routed_scaling_factor)

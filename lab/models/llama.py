@@ -1,5 +1,6 @@
 """The Llama family: Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm).
 
+What each family is from its config alone (flags, attention spec) is lab/models/llama_arch.py's.
 One flat token batch per step (requests back to back, see lab/attention/base.py); attention is
 delegated to the engine's AttentionBackend with explicit per-step metadata (no globals).
 RMSNorm, RoPE and SiLU·mul run through the `LayerOps` given to the model (PyTorch or Triton);
@@ -16,12 +17,11 @@ heads with its own KV cache.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from lab.attention.base import AttentionBackend, AttentionSpec
+from lab.attention.base import AttentionBackend
 from lab.distributed.parallel_state import GroupCoordinator
 from lab.layers.decoder import DecoderStack, GatedMLP, PreNormDecoderLayer, check_silu
 from lab.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -29,12 +29,20 @@ from lab.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
     default_weight_loader,
-    kv_heads_per_rank,
 )
 from lab.layers.norm import RMSNorm
 from lab.layers.ops import LayerOps
 from lab.layers.rotary import RotaryEmbedding
-from lab.models.base import CausalLM, check_tp_divisible
+from lab.models.arch import check_tp_divisible
+from lab.models.base import CausalLM
+from lab.models.llama_arch import (
+    LlamaArch,
+    LlamaSpec,
+    MistralSpec,
+    Qwen2Spec,
+    Qwen3Spec,
+    head_dim_of,
+)
 from lab.models.weight_utils import StackedMapping, WeightCheck
 
 STACKED = StackedMapping(
@@ -47,21 +55,6 @@ STACKED = StackedMapping(
     )
 )
 SKIPPED = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
-
-
-@dataclass(frozen=True)
-class LlamaArch:
-    """The per-family differences inside the Llama layout."""
-
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    qk_norm: bool = False
-
-
-def head_dim_of(cfg) -> int:
-    """Explicit `head_dim` when the config has one, else hidden_size // num_attention_heads."""
-    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
 class LlamaAttention(nn.Module):
@@ -131,22 +124,7 @@ class LlamaModel(DecoderStack):
 class LlamaForCausalLM(CausalLM):
     """A Llama-layout causal LM run on a flat token batch with paged attention."""
 
-    @classmethod
-    def arch(cls, cfg) -> LlamaArch:
-        """Llama/Mistral: `attention_bias` on q/k/v/o, `mlp_bias` on the MLP."""
-        bias = bool(getattr(cfg, "attention_bias", False))
-        return LlamaArch(bias, bias, bool(getattr(cfg, "mlp_bias", False)))
-
-    @classmethod
-    def attention_spec_for(cls, hf_config, tp_size: int = 1) -> AttentionSpec:
-        """This rank's heads: num_attention_heads / tp; kv heads / tp, or 1 when tp exceeds
-        them (replicated)."""
-        cfg = hf_config
-        check_tp_divisible(cfg, tp_size, ("num_attention_heads",))
-        kv_heads, _ = kv_heads_per_rank(cfg.num_key_value_heads, tp_size)
-        return AttentionSpec(
-            cfg.num_attention_heads // tp_size, kv_heads, head_dim_of(cfg), kind="gqa"
-        )
+    arch_spec = LlamaSpec
 
     def __init__(
         self, hf_config, attn_backend: AttentionBackend, ops: LayerOps | None = None,
@@ -156,7 +134,7 @@ class LlamaForCausalLM(CausalLM):
         cfg = hf_config
         check_tp_divisible(cfg, self.tp.world_size, ("intermediate_size",))
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.model = LlamaModel(cfg, self.arch(cfg), attn_backend, self.ops, self.tp)
+        self.model = LlamaModel(cfg, self.arch_spec.arch(cfg), attn_backend, self.ops, self.tp)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp=self.tp)
         if self.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
@@ -207,19 +185,16 @@ class LlamaForCausalLM(CausalLM):
 class MistralForCausalLM(LlamaForCausalLM):
     """Mistral: the Llama layout (sliding window not applied: exact while seq_len <= window)."""
 
+    arch_spec = MistralSpec
+
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
     """Qwen2: bias on q/k/v (not on o_proj)."""
 
-    @classmethod
-    def arch(cls, cfg) -> LlamaArch:
-        return LlamaArch(qkv_bias=True)
+    arch_spec = Qwen2Spec
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
     """Qwen3: per-head RMSNorm on q and k before RoPE; `attention_bias` on q/k/v/o."""
 
-    @classmethod
-    def arch(cls, cfg) -> LlamaArch:
-        bias = bool(getattr(cfg, "attention_bias", False))
-        return LlamaArch(bias, bias, False, qk_norm=True)
+    arch_spec = Qwen3Spec

@@ -1,7 +1,7 @@
 """Build a model from a Hugging Face checkpoint directory and load its safetensors weights.
 
-The model class comes from the one lookup table, HF `architectures` -> class
-(lab/models/registry.py); the attention backend is checked against the model's attention spec
+The model class comes from the one lookup table, HF `architectures` -> spec -> class
+(lab/models/registry.py); the attention backend is checked against the spec's attention spec
 here, once, before any layer is built.
 """
 
@@ -17,7 +17,7 @@ from lab.config.dtypes import DTYPE_NAMES, config_dtype_name, resolve_dtype_name
 from lab.distributed.parallel_state import GroupCoordinator
 from lab.layers.ops import LayerOps, TorchOps
 from lab.models.base import CausalLM
-from lab.models.registry import model_class
+from lab.models.registry import arch_spec
 from lab.models.weight_utils import safetensors_weights
 from lab.quant.base import QuantConfig
 from lab.quant.none import NoQuantConfig
@@ -63,9 +63,10 @@ def load_model(
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(path)
-    cls = model_class(hf_config)
+    spec = arch_spec(hf_config)
     tp_size = tp.world_size if tp is not None else 1
-    attn_backend.check_supported(cls.attention_spec_for(hf_config, tp_size))
+    attn_backend.check_supported(spec.attention_spec(hf_config, tp_size))
+    cls = spec.model_class()
     ops = ops or TorchOps()
     quant = quant or NoQuantConfig()
     quant = quant.bind(hf_config, ops)

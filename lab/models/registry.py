@@ -1,33 +1,36 @@
-"""The one lookup table of the project: HF `architectures` name -> model class.
+"""The one lookup table of the project: HF `architectures` name -> model class, through the
+architecture's light spec.
 
-Everything that turns a checkpoint's config into a model class (the loader, a simulator sizing
-the KV cache from a config-only checkpoint) asks `model_class(hf_config)`.
+The table maps each name to its `ArchSpec` (lab/models/arch.py: torch-free, config-only), which
+names its model class by import path. `arch_spec(hf_config)` answers what a config is without
+importing any model code (what the simulator sizes a model from); `model_class(hf_config)`
+imports the class that runs it (what the loader builds).
 """
 
 from __future__ import annotations
 
-from lab.models.base import CausalLM
-from lab.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
-from lab.models.llama import (
-    LlamaForCausalLM,
-    MistralForCausalLM,
-    Qwen2ForCausalLM,
-    Qwen3ForCausalLM,
-)
+from typing import TYPE_CHECKING
 
-ARCHITECTURES: dict[str, type[CausalLM]] = {
-    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
-    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": MistralForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+from lab.models.arch import ArchSpec
+from lab.models.deepseek_arch import DeepseekV2Spec, DeepseekV3Spec
+from lab.models.llama_arch import LlamaSpec, MistralSpec, Qwen2Spec, Qwen3Spec
+
+if TYPE_CHECKING:
+    from lab.models.base import CausalLM
+
+ARCHITECTURES: dict[str, type[ArchSpec]] = {
+    "DeepseekV2ForCausalLM": DeepseekV2Spec,
+    "DeepseekV3ForCausalLM": DeepseekV3Spec,
+    "LlamaForCausalLM": LlamaSpec,
+    "MistralForCausalLM": MistralSpec,
+    "Qwen2ForCausalLM": Qwen2Spec,
+    "Qwen3ForCausalLM": Qwen3Spec,
 }
 
 
-def model_class(hf_config) -> type[CausalLM]:
-    """The model class of the first of the config's `architectures` that is supported;
-    ValueError naming the supported ones when none is."""
+def arch_spec(hf_config) -> type[ArchSpec]:
+    """The spec of the first of the config's `architectures` that is supported; ValueError
+    naming the supported ones when none is."""
     archs = list(getattr(hf_config, "architectures", None) or [])
     for arch in archs:
         if arch in ARCHITECTURES:
@@ -35,3 +38,8 @@ def model_class(hf_config) -> type[CausalLM]:
     raise ValueError(
         f"unsupported architecture {archs or None} (supported: {', '.join(sorted(ARCHITECTURES))})"
     )
+
+
+def model_class(hf_config) -> type[CausalLM]:
+    """The model class of the config's architecture (imported now: torch and the layers)."""
+    return arch_spec(hf_config).model_class()

@@ -3,10 +3,12 @@ active per token), FLOPs per token, KV-cache bytes per token. What the simulator
 and predicts its step times from.
 
 Families: Llama-style (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with per-head q/k norms) and
-DeepSeek (MLA attention, MoE MLP). What differs between families is asked of lab's own model
-classes (lab/models/registry.py): the attention spec (`attention_spec_for`, whose
+DeepSeek (MLA attention, MoE MLP). What differs between families is asked of the architecture's
+spec, the torch-free half of lab's model classes that the classes build their layers from
+(`arch_spec`, lab/models/registry.py): the attention spec (`attention_spec`, whose
 `kv_elems_per_token` the backends size the cache by), a Llama family's `arch` (biases, q/k
-norms) and a MoE model's router (`make_gate`), so the counts equal the loaded models'.
+norms), DeepSeek's `attention_bias`, MoE layers (`is_moe_layer`) and router (`router_params`),
+so the counts equal the loaded models' without importing any model code.
 
 Per decoder layer, a Llama-style model holds
 
@@ -17,13 +19,16 @@ and a DeepSeek layer
     | q (or q_a, q_a_norm, q_b) | kv_a_with_mqa, kv_a_norm, kv_b | o | dense MLP or MoE | 2 norms |
 
 where a layer is MoE iff experts exist, layer >= first_k_dense_replace and
-layer % moe_layer_freq == 0 (lab/models/deepseek.py).
+layer % moe_layer_freq == 0 (lab/models/deepseek_arch.py's is_moe_layer).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from lab.models.deepseek_arch import DeepseekV2Spec, is_moe_layer
+from lab.models.registry import arch_spec
 
 # bytes per linear weight of lab's quant methods (by their QuantConfig class, the `quant` option's
 # _target_) and of checkpoints' own quantization_config (by its quant_method)
@@ -72,10 +77,8 @@ class ModelShape:
     @classmethod
     def from_hf_config(cls, cfg: Any) -> ModelShape:
         """From a transformers PretrainedConfig of an architecture lab supports."""
-        from lab.models.registry import model_class  # torch and the model code: imported late
-
-        model = model_class(cfg)
-        spec = model.attention_spec_for(cfg)
+        family = arch_spec(cfg)
+        spec = family.attention_spec(cfg)
         common = dict(
             num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size,
             vocab_size=cfg.vocab_size, num_heads=spec.num_heads,
@@ -83,27 +86,27 @@ class ModelShape:
             tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings", False)),
             kv_elems_per_token=spec.kv_elems_per_token)
         if spec.kind == "mla":
-            return cls._deepseek(cfg, model, common)
-        arch = model.arch(cfg)
-        return cls(**common, head_dim=spec.head_dim, qkv_bias=arch.qkv_bias, o_bias=arch.o_bias,
-                   qk_norm=arch.qk_norm, mlp_bias=arch.mlp_bias)
+            return cls._deepseek(cfg, family, common)
+        flags = family.arch(cfg)
+        return cls(**common, head_dim=spec.head_dim, qkv_bias=flags.qkv_bias,
+                   o_bias=flags.o_bias, qk_norm=flags.qk_norm, mlp_bias=flags.mlp_bias)
 
     @classmethod
-    def _deepseek(cls, cfg: Any, model: type, common: dict) -> ModelShape:
+    def _deepseek(cls, cfg: Any, family: type[DeepseekV2Spec], common: dict) -> ModelShape:
+        """An MLA (+ MoE) shape; `family`: the config's spec (lab/models/deepseek_arch.py)."""
         nope, rope = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
         experts = _get(cfg, "n_routed_experts", 0)
-        router = sum(p.numel() for p in model.make_gate(cfg).parameters()) if experts else 0
+        bias = family.attention_bias(cfg)
         return cls(
             **common, head_dim=nope + rope, kv_lora_rank=cfg.kv_lora_rank,
             q_lora_rank=_get(cfg, "q_lora_rank", 0), qk_nope_head_dim=nope,
-            qk_rope_head_dim=rope, v_head_dim=cfg.v_head_dim,
-            qkv_bias=bool(_get(cfg, "attention_bias", False)),
-            o_bias=bool(_get(cfg, "attention_bias", False)),
+            qk_rope_head_dim=rope, v_head_dim=cfg.v_head_dim, qkv_bias=bias, o_bias=bias,
             n_routed_experts=experts, num_experts_per_tok=_get(cfg, "num_experts_per_tok", 0),
             n_shared_experts=_get(cfg, "n_shared_experts", 0),
             moe_intermediate_size=_get(cfg, "moe_intermediate_size", 0),
             first_k_dense_replace=_get(cfg, "first_k_dense_replace", 0),
-            moe_layer_freq=_get(cfg, "moe_layer_freq", 1), router_params=router)
+            moe_layer_freq=_get(cfg, "moe_layer_freq", 1),
+            router_params=family.router_params(cfg) if experts else 0)
 
     # -- structure --------------------------------------------------------------------------
     @property
@@ -111,8 +114,8 @@ class ModelShape:
         return self.kv_lora_rank > 0
 
     def is_moe_layer(self, layer: int) -> bool:
-        return bool(self.n_routed_experts) and layer >= self.first_k_dense_replace and (
-            layer % self.moe_layer_freq == 0)
+        """Whether `layer`'s MLP is MoE (the model's rule, read from this shape's fields)."""
+        return is_moe_layer(self, layer)
 
     @property
     def num_moe_layers(self) -> int:

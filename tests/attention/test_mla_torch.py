@@ -7,8 +7,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lab.attention.base import AttentionInputs, AttentionSpec
-from lab.attention.mla import MLAWeights, mla_attention_spec
+from lab.attention.base import AttentionInputs
+from lab.attention.mla import MLAWeights
+from lab.attention.spec import AttentionSpec, mla_attention_spec
 from lab.attention.torch_backend import TorchAttentionBackend
 from lab.kernels.mla_cache_write import write_latent_cache_ref
 from lab.layers.linear import Linear

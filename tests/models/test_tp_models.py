@@ -61,7 +61,7 @@ def test_divisibility_is_refused_by_field(tiny_path):
     llama = AutoConfig.from_pretrained(tiny_path("tiny_llama"))
     with pytest.raises(ValueError, match="num_attention_heads=4 is not divisible by "
                                          "tensor_parallel_size=3"):
-        LlamaForCausalLM.attention_spec_for(llama, 3)
+        LlamaForCausalLM.arch_spec.attention_spec(llama, 3)
     llama.num_attention_heads, llama.num_key_value_heads, llama.head_dim = 6, 3, 8
     with pytest.raises(ValueError, match="intermediate_size=128 is not divisible"):
         LlamaForCausalLM(llama, DenseCausalBackend(), tp=tp3)

@@ -1,0 +1,48 @@
+"""What lab knows of an architecture from its Hugging Face config alone: the light half of a model
+family, without torch, shared by the model classes and the simulator.
+
+An `ArchSpec` subclass per HF `architectures` name (the one lookup table maps the name to it:
+lab/models/registry.py) answers the config-only questions — the AttentionSpec of one of `tp_size`
+ranks, and the family's flags (lab/models/llama_arch.py, lab/models/deepseek_arch.py) — and names
+the model class that runs it by import path, so that asking the questions imports no model code.
+The model class holds its spec (`CausalLM.arch_spec`) and builds its layers from the same answers.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from importlib import import_module
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from lab.attention.spec import AttentionSpec
+    from lab.models.base import CausalLM
+
+
+class ArchSpec(ABC):
+    """An architecture's config-only knowledge (classmethods over an HF config; never built)."""
+
+    #: the model class that runs this architecture, "module:Class"; imported by `model_class()`
+    model: ClassVar[str]
+
+    @classmethod
+    def model_class(cls) -> type[CausalLM]:
+        """The model class named by `model`, imported now (torch and the layers with it)."""
+        module, _, name = cls.model.partition(":")
+        return getattr(import_module(module), name)
+
+    @classmethod
+    @abstractmethod
+    def attention_spec(cls, hf_config, tp_size: int = 1) -> AttentionSpec:
+        """The AttentionSpec of one of `tp_size` tensor-parallel ranks of a model with this HF
+        config (no weights, no layers); ValueError naming the config field that does not
+        divide."""
+
+
+def check_tp_divisible(hf_config, tp_size: int, fields: tuple[str, ...]) -> None:
+    """ValueError naming the first config field in `fields` (absent or None ones are skipped)
+    that `tp_size` does not divide."""
+    for field in fields:
+        value = getattr(hf_config, field, None)
+        if value is not None and value % tp_size:
+            raise ValueError(f"{field}={value} is not divisible by tensor_parallel_size={tp_size}")
