@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh test
+# the example plug-in (a package outside lab): the tests run its options through run.py and LLM
+"${PYTHON:-python3}" -m pip install --quiet --no-deps --no-build-isolation -e examples/plugin
 export LAB_CACHE_DIR=${LAB_CACHE_DIR:-$PWD/.cache/models}
 export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}  # derandomized: see tests/conftest.py
 # Two pytest-xdist workers (a test extra): about half the wall time on a 2-core machine for ~10%

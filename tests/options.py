@@ -24,13 +24,17 @@ def options(group: str) -> list[str]:
 
 
 def option_yaml(group: str, option: str):
-    """An option's YAML, loaded (where Hydra finds it first)."""
+    """An option's YAML, loaded (where Hydra finds it first), as a node under a root holding
+    every knob's default, so that its `${knob}` interpolations resolve as in a composed config."""
     from omegaconf import OmegaConf
+
+    from lab.config.compose import knob_defaults
 
     path = option_file(group, option)
     if path is None:
         raise ValueError(f"no option {option!r} in config group {group!r}")
-    return OmegaConf.load(Path(path))
+    root = OmegaConf.create({**knob_defaults(), "option": OmegaConf.load(Path(path))})
+    return root.option
 
 
 def target(group: str, option: str) -> str:
@@ -42,9 +46,10 @@ def build(group: str, option: str, **knobs):
     """Instantiate a self-contained option (no Hydra defaults list) from its yaml, with `knobs`
     overriding its fields: what `python run.py group=option group.knob=...` builds."""
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
-    return instantiate(OmegaConf.merge(option_yaml(group, option), knobs))
+    node = option_yaml(group, option)
+    node.merge_with(knobs)
+    return instantiate(node)
 
 
 def attention_kinds(option: str) -> tuple[str, ...]:

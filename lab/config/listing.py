@@ -43,18 +43,20 @@ def text_listing(knobs: Sequence[Knob]) -> str:
 
 
 def readme_block() -> str:
-    """The README's generated block: the markers around the markdown table."""
-    return f"{README_BEGIN}\n{markdown_table(declared_knobs())}\n{README_END}"
+    """The README's generated block: the markers around the markdown table of lab's own knobs
+    (installed plug-ins' are not lab's to document)."""
+    return f"{README_BEGIN}\n{markdown_table(declared_knobs(plugins=False))}\n{README_END}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="lab knobs", description="Every engine knob (lab's, the simulator's and installed "
         "plug-ins'): set one as `python run.py NAME=VALUE` or `LLM(..., NAME=VALUE)`.")
-    parser.add_argument("--markdown", action="store_true", help="the README's table")
+    parser.add_argument("--markdown", action="store_true",
+                        help="lab's own knobs as the README's table")
     args = parser.parse_args(argv)
-    knobs = declared_knobs()
-    print(markdown_table(knobs) if args.markdown else text_listing(knobs))
+    print(markdown_table(declared_knobs(plugins=False)) if args.markdown
+          else text_listing(declared_knobs()))
 
 
 if __name__ == "__main__":

@@ -113,22 +113,24 @@ def option_file(group: str, option: str, extra: Sequence[str | Path] = ()) -> Pa
     return None
 
 
-def knob_blocks() -> dict[str, list[type]]:
-    """{block: declaration classes}: "" (top-level knobs: lab's and every plug-in's), "sim"."""
+def knob_blocks(plugins: bool = True) -> dict[str, list[type]]:
+    """{block: declaration classes}: "" (top-level knobs: lab's and, with `plugins`, every
+    installed plug-in's), "sim"."""
     blocks: dict[str, list[type]] = {}
     for block, ref in BUILTIN_KNOBS.items():
         module, _, name = ref.partition(":")
         blocks.setdefault(block, []).append(getattr(import_module(module), name))
-    blocks[""] += [p.knobs for p in installed_plugins() if p.knobs is not None]
+    if plugins:
+        blocks[""] += [p.knobs for p in installed_plugins() if p.knobs is not None]
     return blocks
 
 
-def declared_knobs() -> list[Knob]:
-    """Every knob declared (lab's, the simulator's, installed plug-ins'), dotted names; a name
-    declared twice is refused, naming both declarations."""
+def declared_knobs(plugins: bool = True) -> list[Knob]:
+    """Every knob declared (lab's, the simulator's and, with `plugins`, installed plug-ins'),
+    dotted names; a name declared twice is refused, naming both declarations."""
     owner: dict[str, type] = {}
     found: list[Knob] = []
-    for block, classes in knob_blocks().items():
+    for block, classes in knob_blocks(plugins).items():
         for cls in classes:
             for k in knobs_of(cls, f"{block}." if block else ""):
                 if k.name in owner:

@@ -173,7 +173,8 @@ def test_dense_checkpoint_with_quantization_config_is_refused():
 def test_hydra_group(option):
     config = instantiate(compose_config([f"quant={option}"]).quant)
     assert isinstance(config, QuantConfig) and config.name == option
-    assert type(config).__module__ == f"lab.quant.{option}"  # one file per method
+    if type(config).__module__.startswith("lab."):  # lab's own: one file per method
+        assert type(config).__module__ == f"lab.quant.{option}"
 
 
 def test_hydra_knobs():

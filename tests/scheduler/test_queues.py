@@ -58,7 +58,7 @@ def test_basic_contract(name):
     assert q.pop() is a and q.peek() is c and len(q) == 1
     assert q.preempt_for(c, [a]) is None  # equally important: nobody preempts
     urgent = req("u", priority=-1, arrival=4)
-    assert q.preempt_for(urgent, [a]) is (a if name == "priority" else None)
+    assert q.preempt_for(urgent, [a]) is (a if isinstance(q, PriorityQueue) else None)
     assert q.preempt_for(urgent, []) is None
     q.on_step(123.0)
     q.on_scheduled(a, 4, 0)
@@ -75,7 +75,8 @@ def test_ties_by_request_id_are_deterministic(name):
     for rid in ["r2", "r0", "r1"]:  # equal priority, arrival and length
         q.add(req(rid, priority=1, arrival=5.0))
     order = drain(q)
-    assert order == (["r2", "r0", "r1"] if name == "fcfs" else ["r0", "r1", "r2"])
+    # FCFS (and a policy built on it) keeps arrival order, which ties here: insertion order
+    assert order == (["r2", "r0", "r1"] if isinstance(q, FCFSQueue) else ["r0", "r1", "r2"])
 
 
 def test_fcfs_hooks_are_no_ops_and_prepend_goes_first():
@@ -236,7 +237,6 @@ def test_fair_rejects_bad_weights(kwargs, field):
 def test_yaml_instantiates(name):
     q = make_queue(name)
     assert isinstance(q, RequestQueue) and q.name == name
-    assert type(q).__module__ == "lab.scheduler.queues"
 
 
 def _submit(s, rid, prompt, max_tokens, priority, client):

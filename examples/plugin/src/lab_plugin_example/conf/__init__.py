@@ -1,0 +1,1 @@
+"""The plug-in's config groups (Hydra reads them as package resources)."""

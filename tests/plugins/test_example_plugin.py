@@ -1,0 +1,110 @@
+"""The example plug-in (examples/plugin, a package of its own, installed by scripts/test.sh) works
+from outside the repository through run.py and LLM(...), with no edit to lab: its scheduling
+policy with token caps, its KV-aware victim rule, its eviction policy, its logits processor
+reading extra_args, its step-time model, its model preset and its knob."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab import LLM, SamplingParams
+from lab.config.listing import main as list_knobs
+from lab.config.plugins import group_options, installed_plugins
+from lab.config.validate import check_command_line
+
+REPO = Path(__file__).resolve().parents[2]
+INSTALLED = any(p.name == "example" for p in installed_plugins())
+pytestmark = pytest.mark.skipif(not INSTALLED, reason="the example plug-in is not installed: "
+                                "pip install -e examples/plugin (scripts/test.sh does)")
+
+DEFAULT_PROCESSORS = ["allowed_token_ids", "bad_words", "min_tokens", "logit_bias", "penalties"]
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+PROMPTS = [[3 + (7 * i + j) % 500 for j in range(40 + 9 * i)] for i in range(6)]
+
+
+def test_its_options_presets_and_knob_join_lab_s(capsys):
+    assert {"las", "frees_most"} <= set(group_options("scheduler"))
+    assert "mru" in group_options("cache/eviction")
+    assert "banned_tokens" in group_options("logits_processors")
+    assert "linear" in group_options("sim/step_time")
+    assert "tiny_llama_wide" in group_options("model")
+    assert check_command_line(["background_chunk_tokens=3"]) is None
+    list_knobs([])
+    assert "background_chunk_tokens = 64" in capsys.readouterr().out
+
+
+def test_run_py_runs_its_policy_eviction_preset_and_knob(tmp_path):
+    cmd = [sys.executable, "run.py", "scheduler=las", "background_chunk_tokens=16",
+           "cache/eviction=mru", "model=tiny_llama_wide", "workload.num_requests=8",
+           "num_gpu_blocks=40", "logger=[jsonl]", f"hydra.run.dir={tmp_path}"]
+    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "finished"
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert {s["queue_policy"] for s in steps} == {"las"}
+    assert "background_chunk_tokens: 16" in (tmp_path / "config.yaml").read_text()
+
+
+def test_its_knob_is_refused_outside_its_rule():
+    with pytest.raises(ValueError, match="background_chunk_tokens=0 is invalid: must be an "
+                                         "integer >= 1"):
+        LLM("tiny_llama", background_chunk_tokens=0)
+
+
+@pytest.fixture(scope="module")
+def fcfs_ids():
+    llm = LLM("tiny_llama", num_gpu_blocks=16, max_num_seqs=4)
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+
+
+def test_its_victim_rule_preempts_and_keeps_the_ids(fcfs_ids):
+    llm = LLM("tiny_llama", scheduler="frees_most", num_gpu_blocks=12, max_num_seqs=4)
+    ids = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    steps = list(llm.engine.recent_steps)
+    assert ids == fcfs_ids
+    assert sum(s.num_preempted for s in steps) > 0
+    assert {s.queue_policy for s in steps} == {"frees_most"}
+
+
+def test_its_policy_caps_a_background_request_s_tokens_per_step(fcfs_ids):
+    """Priority 1 is background: its 40-token prompt is prefilled 8 tokens a step."""
+    llm = LLM("tiny_llama", scheduler="las", background_chunk_tokens=8, num_gpu_blocks=16,
+              max_num_seqs=4)
+    outs = llm.generate(PROMPTS, GREEDY, priority=[1, 0, 0, 0, 0, 0])
+    assert [o.outputs[0].token_ids for o in outs] == fcfs_ids
+    rid = outs[0].request_id
+    served = [s for s in llm.engine.recent_steps if rid in s.scheduled_req_ids]
+    assert len(served) >= 40 // 8 + GREEDY.max_tokens - 1
+
+
+def test_its_eviction_policy_keeps_the_ids(fcfs_ids):
+    llm = LLM("tiny_llama", num_gpu_blocks=16, max_num_seqs=4, **{"cache/eviction": "mru"})
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == fcfs_ids
+
+
+@pytest.mark.parametrize("engine_client", ["inproc", "mp"])
+def test_its_processor_bans_the_tokens_a_request_names_in_extra_args(engine_client):
+    llm = LLM("tiny_llama", engine_client=engine_client,
+              logits_processors=[*DEFAULT_PROCESSORS, "banned_tokens"])
+    try:
+        free = llm.generate([PROMPTS[0]], GREEDY)[0].outputs[0].token_ids
+        banned = sorted(set(free))[:3]
+        params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                extra_args={"banned_token_ids": banned})
+        out = llm.generate([PROMPTS[0], PROMPTS[1]], [params, GREEDY])
+    finally:
+        llm.engine.shutdown()
+    assert not set(out[0].outputs[0].token_ids) & set(banned)
+    assert out[1].outputs[0].token_ids == LLM("tiny_llama").generate(
+        [PROMPTS[1]], GREEDY)[0].outputs[0].token_ids  # a row without extra_args: untouched
+
+
+def test_its_step_time_model_drives_the_simulator():
+    llm = LLM("tiny_llama", executor="sim", **{"sim/step_time": "linear"})
+    llm.generate([PROMPTS[0]], SamplingParams(max_tokens=1))
+    first = llm.engine.recent_steps[0]
+    assert first.time == pytest.approx(0.002 + 1e-5 * len(PROMPTS[0]))
