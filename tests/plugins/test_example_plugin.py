@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +16,6 @@ from lab.config.listing import main as list_knobs
 from lab.config.plugins import group_options, installed_plugins
 from lab.config.validate import check_command_line
 
-REPO = Path(__file__).resolve().parents[2]
 INSTALLED = any(p.name == "example" for p in installed_plugins())
 pytestmark = pytest.mark.skipif(not INSTALLED, reason="the example plug-in is not installed: "
                                 "pip install -e examples/plugin (scripts/test.sh does)")
@@ -38,11 +36,14 @@ def test_its_options_presets_and_knob_join_lab_s(capsys):
     assert "background_chunk_tokens = 64" in capsys.readouterr().out
 
 
-def test_run_py_runs_its_policy_eviction_preset_and_knob(tmp_path):
-    cmd = [sys.executable, "run.py", "scheduler=las", "background_chunk_tokens=16",
+def test_lab_run_runs_its_policy_eviction_preset_and_knob_from_outside_the_repo(tmp_path):
+    """`lab run` (run.py's job, as an installed lab has it) in a directory outside the
+    repository: the plug-in is found through its entry point alone."""
+    cmd = [sys.executable, "-m", "lab.cli", "run", "scheduler=las", "background_chunk_tokens=16",
            "cache/eviction=mru", "model=tiny_llama_wide", "workload.num_requests=8",
-           "num_gpu_blocks=40", "logger=[jsonl]", f"hydra.run.dir={tmp_path}"]
-    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
+           "num_gpu_blocks=40", "logger=[jsonl]", "hydra.run.dir=run"]
+    subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, text=True, timeout=300)
+    tmp_path = tmp_path / "run"
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "finished"
     steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert {s["queue_policy"] for s in steps} == {"las"}
