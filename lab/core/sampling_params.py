@@ -128,6 +128,10 @@ class SamplingParams:
 
     def _checks(self) -> list[tuple[str, bool, str]]:
         """(field, valid?, vLLM's message) in vLLM's order."""
+        return self._sampling_checks() + self._token_checks()
+
+    def _sampling_checks(self) -> list[tuple[str, bool, str]]:
+        """The sampling and length fields' checks (the first part of vLLM's order)."""
         return [
             ("n", _is_int(self.n) and 1 <= self.n <= MAX_N,
              f"n must be an int in [1, {MAX_N}]"),
@@ -157,6 +161,11 @@ class SamplingParams:
             ("logprobs", _optional_k(self.logprobs), "logprobs must be None, non-negative or -1"),
             ("prompt_logprobs", _optional_k(self.prompt_logprobs),
              "prompt_logprobs must be None, non-negative or -1"),
+        ]
+
+    def _token_checks(self) -> list[tuple[str, bool, str]]:
+        """The token, string, flag and extra fields' checks (the rest of vLLM's order)."""
+        return [
             ("stop_token_ids", isinstance(self.stop_token_ids, tuple)
              and all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
              "stop_token_ids must contain only non-negative integers"),
