@@ -37,6 +37,7 @@ class CoreInfo:
 
 def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
     """The engine core of a composed config: executor (and its worker), KV cache, scheduler."""
+    import_module("lab.kernels").use_interpreter_without_cuda()  # before any kernel is launched
     wc = worker_config(cfg)
     executor = instantiate(cfg.executor)(config=wc)
     interpreted = bool(executor.runs_kernels and uses_triton(wc) and (

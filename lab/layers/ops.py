@@ -147,8 +147,9 @@ class TorchOps(LayerOps):
 
 
 class TritonOps(LayerOps):
-    """The Triton kernels (`kernels=triton`). Importing them switches Triton to its interpreter
-    when there is no CUDA; bf16 there raises ValueError (the interpreter has no bf16 arithmetic)."""
+    """The Triton kernels (`kernels=triton`). Without CUDA they run in Triton's interpreter (the
+    run switches it on: lab.kernels.use_interpreter_without_cuda); bf16 there raises ValueError
+    (the interpreter has no bf16 arithmetic)."""
 
     def __init__(self) -> None:
         super().__init__("triton")

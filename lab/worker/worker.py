@@ -28,6 +28,7 @@ from lab.distributed.parallel_state import (
     init_parallel_state,
     single_process_state,
 )
+from lab.kernels import use_interpreter_without_cuda
 from lab.layers.ops import LayerOps
 from lab.logits_processors.base import LogitsProcessorContext
 from lab.models.loader import load_model, resolve_dtype
@@ -52,6 +53,7 @@ class Worker:
         CUDA; a CPU sizes its cache from cpu_kv_cache_gb instead); tests pass a fake.
         `cpu_threads`: torch's threads when this worker runs on the CPU (a rank's share of the
         cores; None keeps torch's setting)."""
+        use_interpreter_without_cuda()  # Triton's interpreter where there is no CUDA
         self.config = config
         self.rank = rank
         self.device = rank_device(config.device, rank, config.parallel.world_size)

@@ -101,14 +101,20 @@ def test_auto_config_reads_the_run_device():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter switch is for CPU-only hosts")
-def test_interpreter_switch_survives_an_earlier_triton_import():
-    """torch._dynamo imports triton before lab.kernels sets TRITON_INTERPRET: tl.sum must still work."""
+def test_importing_kernels_changes_no_environment_and_the_switch_rewraps_earlier_imports():
+    """Importing lab.kernels (and kernel modules, and the references' users) leaves os.environ
+    as it was; `use_interpreter_without_cuda()`, called after triton.language (torch._dynamo
+    imports it) and a kernel module were imported, still makes that kernel run (tl.sum too)."""
     code = (
-        "import triton.language, torch\n"
+        "import os, triton.language, torch\n"
+        "before = dict(os.environ)\n"
+        "import lab.kernels, lab.kernels.rmsnorm, lab.layers.ops, lab.attention.torch_backend\n"
+        "assert dict(os.environ) == before, 'an import changed os.environ'\n"
+        "from lab.kernels import use_interpreter_without_cuda, warn_if_interpreted\n"
+        "assert use_interpreter_without_cuda() and os.environ['TRITON_INTERPRET'] == '1'\n"
         "from lab.kernels.rmsnorm import rms_norm, rms_norm_ref\n"
         "x, w = torch.randn(3, 48), torch.rand(48)\n"
         "torch.testing.assert_close(rms_norm(x, w, 1e-6), rms_norm_ref(x, w, 1e-6))\n"
-        "from lab.kernels import warn_if_interpreted\n"
         "assert warn_if_interpreted()\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
