@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
+from lab.config.compose import compose_config
 from lab.layers.activation import SiluAndMul
+from lab.layers.cpu_ops import CPUOps
 from lab.layers.norm import RMSNorm
 from lab.layers.ops import OPS, LayerOps, TorchOps, TritonOps, auto_ops
 from lab.layers.rotary import RotaryEmbedding
@@ -23,7 +24,6 @@ from tests.kernels.sm90 import compile_for_sm90
 from tests.models.conftest import DenseCausalBackend, run_model
 from tests.options import options, tiny_models
 
-CONF = Path(__file__).resolve().parents[2] / "lab" / "conf" / "kernels"
 IDS = [0, 17, 42, 99, 3, 250, 7, 7, 311, 64, 5, 128, 200, 9]
 
 
@@ -78,26 +78,29 @@ def test_each_op_binds_a_reference_and_a_kernel_of_one_signature(op):
 
 
 def test_auto_ops_follows_the_device():
-    assert isinstance(auto_ops("cpu"), TorchOps)
-    assert isinstance(auto_ops("cuda:0"), TritonOps)
+    cpu = CPUOps()
+    assert auto_ops("cpu", cpu) is cpu and isinstance(auto_ops("cpu"), TorchOps)
+    assert isinstance(auto_ops("cuda:0", cpu), TritonOps)
     assert isinstance(auto_ops(), TritonOps if torch.cuda.is_available() else TorchOps)
 
 
-ON_CPU = {"torch": TorchOps, "triton": TritonOps, "auto": TorchOps}  # auto: see the next test
+ON_CPU = {"torch": TorchOps, "triton": TritonOps, "auto": CPUOps, "cpu": CPUOps}
 
 
 @pytest.mark.parametrize("option", options("kernels"))
 def test_kernels_configs_instantiate(option):
-    cfg = OmegaConf.create({"device": "cpu", "kernels": OmegaConf.load(CONF / f"{option}.yaml")})
-    ops = instantiate(cfg.kernels)
+    ops = instantiate(compose_config([f"kernels={option}", "device=cpu"]).kernels)
     assert isinstance(ops, ON_CPU.get(option, LayerOps))
 
 
 def test_auto_config_reads_the_run_device():
-    cfg = OmegaConf.create({"device": "cpu", "kernels": OmegaConf.load(CONF / "auto.yaml")})
-    assert isinstance(instantiate(cfg.kernels), TorchOps)
-    cfg.device = "cuda"
-    assert isinstance(instantiate(cfg.kernels), TritonOps)
+    """On a CPU, auto is kernels=cpu's option falling back to the references where a kernel
+    cannot be built; on CUDA, Triton."""
+    ops = instantiate(compose_config(["device=cpu"]).kernels)
+    assert isinstance(ops, CPUOps) and ops.fallback
+    explicit = instantiate(compose_config(["kernels=cpu"]).kernels)
+    assert repr(ops) == repr(explicit).replace("fallback=False", "fallback=True")
+    assert isinstance(instantiate(compose_config(["device=cuda"]).kernels), TritonOps)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter switch is for CPU-only hosts")
