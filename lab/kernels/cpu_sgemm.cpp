@@ -9,7 +9,7 @@
 //
 // Two kernels behind one op, the packed weight saying which (a 16-word header, then the data):
 //
-// - ORDERED (AVX-512): lab's own kernel, 8 rows x 32 columns of accumulators, the weight
+// - ORDERED (AVX-512): lab's own kernel, 8 rows x 48 columns of accumulators, the weight
 //   packed as [N/16][K][16] (one contiguous stream per column block). Its sums over k follow a
 //   layout: K in `parts` equal parts, each part in blocks of `kc` (or `kc` balanced); a block
 //   is an FMA chain from zero, a part chains its blocks (part 0 starting at the bias), and the
@@ -18,12 +18,14 @@
 //   found by emulating candidate orders in float64 against F.linear's bits. pack() does not
 //   trust that rule: it tries the candidate layouts on this weight at this thread count and
 //   keeps the first whose output equals at::linear's bit for bit on probe rows (16 and 127),
-//   so lab's fp32 linears give transformers' bits where they take this kernel. Below 16 rows
+//   so fp32 linears give transformers' bits where they take this kernel (the opt-in fp32 slot
+//   OrderedGemm of kernels=cpu). Below 16 rows
 //   MKL changes kernels (no layout matches); the same layout runs there, no worse than MKL's
 //   packed sgemm, which was not bitwise F.linear either.
-// - MKL: MKL's packed sgemm (cblas_sgemm_compute on a B packed once), where no candidate
-//   matches (another thread count, a K MKL splits otherwise: bench_llama's 1408) or the CPU
-//   has no AVX-512. MKL's entry points come from libtorch_cpu, which links MKL statically and
+// - MKL: MKL's packed sgemm (cblas_sgemm_compute on a B packed once): what pack_mkl() packs
+//   (kernels=cpu's default for fp32), and what pack() falls back to where no candidate matches
+//   (another thread count, a K MKL splits otherwise: bench_llama's 1408) or the CPU has no
+//   AVX-512. The ordered kernel is an opt-in (lab/kernels/cpu_sgemm.py says why). MKL's entry points come from libtorch_cpu, which links MKL statically and
 //   exports them (LP64: MKL_INT is int).
 //
 // Side by side (one process, 49 GEMMs cold, 16 rows, bench_qwen3_06b's shapes; 2-core AVX-512
