@@ -11,9 +11,8 @@ path's cost: experiments/results/2026-12-04-cpu-attention-ceiling.md).
 Fresh prefills (every request of the step starts from nothing cached: its whole prompt is in
 the step, so its keys are the step's own k / v) write the rows and attend with causal SDPA on
 the step's k / v, one call for requests of one length (else one per request): no gather of the
-cache, no padded copies, no mask, no attention=torch metadata. bench_qwen3_06b's shapes, 16
-requests x 128 tokens, one layer: bf16 8.6 -> 4.6 ms, fp32 19.6 -> 14.4 ms (of which SDPA 3.8 /
-13.8 ms, the KV write 0.9 / 1.0 ms).
+cache, no padded copies, no mask, no attention=torch metadata (what that saves:
+experiments/results/2026-12-05-cpu-prefill-compile.md).
 
 Everything else (mixed steps and prefills after a prefix-cache hit, MLA, an fp8 cache, CUDA
 tensors) is attention=torch's, which is also this backend's reference in the tests.
@@ -49,8 +48,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class DeferredMetadata:
     """A step this backend attends itself (pure decode: the kernel reads `inputs` only; fresh
-    prefill): attention=torch's metadata (masks, gather indices, write targets: ~80 us a step
-    on bench_llama) is built on first use, by a layer the fast paths do not take (an MLA
+    prefill): attention=torch's metadata (masks, gather indices, write targets) is built on
+    first use, by a layer the fast paths do not take (an MLA
     layer, an fp8 cache)."""
 
     inputs: AttentionInputs

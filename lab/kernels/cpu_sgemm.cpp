@@ -3,9 +3,9 @@
 // reference, F.linear, it is tested against).
 //
 // Why: fp32 has no AMX, so a decode step's fp32 linears run on the FMA units; at 16 rows an fp32
-// weight element costs 16 FMA lanes, and two cores at one 512-bit FMA a cycle consume ~27 GB/s
-// of weights, about what DRAM delivers, so a kernel's every loss shows (bench_qwen3_06b fp32:
-// MKL's packed sgemm reads 15 GB/s cold, oneDNN's prepacked matmul 17, F.linear 9).
+// weight element costs 16 FMA lanes, and two cores at one 512-bit FMA a cycle consume weights
+// about as fast as DRAM delivers them, so a kernel's every loss shows (the rates of MKL's
+// packed sgemm, oneDNN and F.linear: experiments/results/2026-12-05-cpu-fp32-ordered.md).
 //
 // Two kernels behind one op, the packed weight saying which (a 16-word header, then the data):
 //
@@ -36,7 +36,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (~7 s more to build)
+#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (slower to build)
 #include <torch/library.h>
 
 #include <algorithm>
@@ -67,8 +67,8 @@ constexpr int64_t HEADER = 16;   // words before the packed data (64 bytes: keep
 constexpr int32_t MAGIC = 0x6c616266;  // "labf"
 enum Kind : int32_t { MKL = 1, ORDERED = 2 };
 // The ordered kernel's tile: 8 rows x 3 column blocks of 16 = 24 accumulators, 3 weight vectors
-// and a broadcast x: 28 of the 32 zmm registers (3 loads + 8 broadcasts per 24 FMAs). Measured
-// (49 GEMMs cold, 16 rows): 8 x 3 39.6 ms, 8 x 2 43.1, 12 x 2 40.5, 6 x 4 42.4, 16 x 1 50.1.
+// and a broadcast x: 28 of the 32 zmm registers (3 loads + 8 broadcasts per 24 FMAs); the
+// fastest of the tiles tried (experiments/results/2026-12-05-cpu-fp32-ordered.md, "Tuning").
 constexpr int64_t TILE_ROWS = 8, COLS = 16;  // rows a pass, columns a block (one zmm)
 constexpr int TILE_NB = 3;                   // column blocks a tile
 constexpr int64_t TILE_COLS = TILE_NB * COLS;
@@ -144,12 +144,12 @@ std::vector<Layout> candidates(int64_t k) {
 #ifdef __AVX512F__
 constexpr bool HAVE_ORDERED = true;
 // Software prefetch PF_K k's (cache lines of a column block) ahead into L1: without it the
-// weight stream and the FMAs take turns (~15 GB/s cold, 1/(1/27 + 1/36) of DRAM's and the
-// FMAs' rates); 16/24/32/48/64/128 ahead: 48.2/44.2/42.8/43.9/43.9/46.6 ms (T1: ~43.7).
+// weight stream and the FMAs take turns (1/(1/DRAM + 1/FMA) of the two rates); the distances
+// tried: experiments/results/2026-12-05-cpu-fp32-ordered.md, "Tuning".
 constexpr int64_t PF_K = 32;
 // k's a row pass runs before the next pass takes the same weights (then still in L1); the
-// accumulators carry over in memory, so the FMA chains and the sums are the same (64: 38.6 ms,
-// 32: 39.4, 48: 37.2, a whole block: 40.8)
+// accumulators carry over in memory, so the FMA chains and the sums are the same (the sizes
+// tried: experiments/results/2026-12-05-cpu-fp32-ordered.md, "Tuning")
 constexpr int64_t SUB_K = 64;
 
 // acc[r][j] = sum over k in [k0, k1) of x[r, k] * W[k, 16j..16j+15], one FMA chain from zero
