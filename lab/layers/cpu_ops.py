@@ -62,7 +62,7 @@ class OneDNNGemm(PackedGemm):
 
     def supports(self, weight: torch.Tensor) -> bool:
         return (weight.device.type == "cpu" and weight.dtype in self.dtypes
-                and weight.dim() == 2)
+                and weight.dim() == 2 and weight.is_contiguous())
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), self.batch_hint)
@@ -86,6 +86,9 @@ class CPUOps(LayerOps):
         self.name = "cpu"
         if not isinstance(fallback, bool):
             raise ValueError(f"kernels.fallback={fallback!r} is invalid: use true or false")
+        if gemms is not None and not isinstance(gemms, Mapping):
+            raise ValueError(f"kernels.gemms={gemms!r} is invalid: give a mapping of slot names "
+                             "to PackedGemm _target_s (lab/conf/kernels/cpu.yaml)")
         for slot, kernel in (gemms or {}).items():
             if kernel is not None and not isinstance(kernel, PackedGemm):
                 raise ValueError(f"kernels.gemms.{slot} is a {type(kernel).__name__}: give a "

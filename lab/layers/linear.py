@@ -2,7 +2,8 @@
 
 Every linear holds a `quant_method` that creates its weights and computes its forward; the layer
 never branches on which method it holds. The default is `UnquantizedLinearMethod`
-(weight [out, in] in the model dtype, forward = F.linear). A quantization method only has to
+(weight [out, in] in the model dtype, forward = F.linear, or the GEMM the kernels option packed
+the weight for after loading: `LayerOps.pack_linear`). A quantization method only has to
 provide the same three methods (`create_weights`, `apply`, `process_weights_after_loading`);
 it is given this rank's sizes (`input_size_per_partition`, `output_partition_sizes`).
 

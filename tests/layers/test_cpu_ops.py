@@ -151,6 +151,8 @@ def test_bad_settings_are_refused_naming_them():
         CPUOps({"fp32": object()})
     with pytest.raises(ValueError, match="kernels.fallback='yes' is invalid: use true or false"):
         CPUOps(fallback="yes")
+    with pytest.raises(ValueError, match="kernels.gemms=.* is invalid: give a mapping"):
+        CPUOps([cpu_sgemm.MKLGemm()])
     with pytest.raises(ValueError, match="min_elements=-1 is invalid"):
         cpu_sgemm.MKLGemm(min_elements=-1)
 
