@@ -6,6 +6,9 @@
 # already installed (e.g. a CUDA build on a GPU machine) it is kept as it is.
 #   scripts/install.sh          # runtime dependencies
 #   scripts/install.sh test     # + pytest, hypothesis, ruff
+# Without CUDA it then builds lab's C++ CPU kernels into this install's build directory
+# (python -m lab.kernels.build), so no engine start has to; a failure there is a warning: the
+# engine builds what it needs when it starts, or runs the kernels' PyTorch references.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -19,3 +22,9 @@ spec="."
 [ -n "$extras" ] && spec=".[$extras]"
 "$PY" -m pip install --quiet -e "$spec"
 "$PY" -c "import torch, triton, transformers, hydra; print(f'[install] torch {torch.__version__}, triton {triton.__version__}, transformers {transformers.__version__}, hydra {hydra.__version__}')"
+if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "[install] CUDA: C++ CPU kernels not prebuilt (a CPU run builds them when it starts)"
+elif ! "$PY" -m lab.kernels.build; then
+  echo "[install] warning: a C++ CPU kernel could not be built (see above); kernels=cpu will" \
+       "refuse to start, kernels=auto runs its PyTorch reference" >&2
+fi

@@ -3,10 +3,11 @@
 # Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow" -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# before install.sh: it builds the C++ CPU kernels into $LAB_CACHE_DIR, where the tests load them
+export LAB_CACHE_DIR=${LAB_CACHE_DIR:-$PWD/.cache/models}
 scripts/install.sh test
 # the example plug-in (a package outside lab): the tests run its options through run.py and LLM
 "${PYTHON:-python3}" -m pip install --quiet --no-deps --no-build-isolation -e examples/plugin
-export LAB_CACHE_DIR=${LAB_CACHE_DIR:-$PWD/.cache/models}
 export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}  # derandomized: see tests/conftest.py
 # Two pytest-xdist workers (a test extra): about half the wall time on a 2-core machine for ~10%
 # more CPU (each worker imports torch and collects the suite). --dist loadfile keeps a file's

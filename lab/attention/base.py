@@ -192,6 +192,10 @@ class AttentionBackend(ABC):
         there; run eagerly on a CPU). See the module docstring for the metadata contract."""
         return self.cudagraph
 
+    def setup(self, device: torch.device) -> None:  # noqa: B027 - an optional hook
+        """Build or load what this backend needs on `device` (e.g. a C++ kernel) before the
+        model loads, so before the engine reports ready; the Worker calls it (nothing here)."""
+
     def check_supported(self, spec: AttentionSpec) -> None:
         """Refuse a model whose attention kind this backend does not implement."""
         if spec.kind not in self.supported_kinds:

@@ -11,15 +11,15 @@ path's cost: experiments/results/2026-12-04-cpu-attention-ceiling.md).
 Fresh prefills (every request of the step starts from nothing cached: its whole prompt is in
 the step, so its keys are the step's own k / v) write the rows and attend with causal SDPA on
 the step's k / v, one call for requests of one length (else one per request): no gather of the
-cache, no padded copies, no mask, no attention=torch metadata. bench_qwen3_06b's shapes, 16
-requests x 128 tokens, one layer: bf16 8.6 -> 4.6 ms, fp32 19.6 -> 14.4 ms (of which SDPA 3.8 /
-13.8 ms, the KV write 0.9 / 1.0 ms).
+cache, no padded copies, no mask, no attention=torch metadata (what that saves:
+experiments/results/2026-12-05-cpu-prefill-compile.md).
 
 Everything else (mixed steps and prefills after a prefix-cache hit, MLA, an fp8 cache, CUDA
 tensors) is attention=torch's, which is also this backend's reference in the tests.
 
-The kernel is C++ built at first use (a C++ compiler is needed; ~25 s once per machine, then
-cached). Where it cannot be built the backend says so once (a warning) and runs attention=torch's
+The kernel is C++, built (or loaded from this install's build directory) by `setup`, which
+the Worker calls before the model loads, so before the engine reports ready; a C++ compiler is
+needed. Where it cannot be built the backend says so once (a warning) and runs attention=torch's
 decode path.
 """
 
@@ -48,8 +48,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class DeferredMetadata:
     """A step this backend attends itself (pure decode: the kernel reads `inputs` only; fresh
-    prefill): attention=torch's metadata (masks, gather indices, write targets: ~80 us a step
-    on bench_llama) is built on first use, by a layer the fast paths do not take (an MLA
+    prefill): attention=torch's metadata (masks, gather indices, write targets) is built on
+    first use, by a layer the fast paths do not take (an MLA
     layer, an fp8 cache)."""
 
     inputs: AttentionInputs
@@ -84,6 +84,23 @@ class CPUAttentionBackend(TorchAttentionBackend):
 
     name = "cpu"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernel_ok: bool | None = None  # whether the decode kernel runs: set by setup
+
+    def setup(self, device: torch.device) -> None:
+        """Build or load the decode kernel on a CPU; where it cannot be built, warn once and run
+        attention=torch's decode path."""
+        if torch.device(device).type != "cpu":
+            self.kernel_ok = False
+            return
+        try:
+            kernel.load()
+            self.kernel_ok = True
+        except kernel.CPUKernelUnavailable as e:
+            log.warning("attention=cpu runs attention=torch's decode path: %s", e)
+            self.kernel_ok = False
+
     def build_metadata(self, inputs: AttentionInputs):
         if inputs.is_pure_decode or is_fresh_prefill(inputs):
             return DeferredMetadata(inputs, self)
@@ -92,7 +109,7 @@ class CPUAttentionBackend(TorchAttentionBackend):
     def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
         if isinstance(metadata, DeferredMetadata):
             a = metadata.inputs
-            if a.is_pure_decode and kernel.supports(q, kv_cache) and self.kernel_ok:
+            if a.is_pure_decode and kernel.supports(q, kv_cache) and self._decode_kernel():
                 return kernel.paged_decode(q, k, v, kv_cache, a.slot_mapping, a.block_table,
                                            a.seq_lens, a.num_reqs, a.num_actual_tokens, scale)
             if not a.is_pure_decode and kv_cache.dtype == q.dtype:
@@ -104,16 +121,13 @@ class CPUAttentionBackend(TorchAttentionBackend):
         return super().forward_mla(layer_idx, q_nope, q_pe, kv_c, k_pe, kv_cache,
                                    torch_metadata(metadata), mla, scale)
 
-    @functools.cached_property
-    def kernel_ok(self) -> bool:
-        """Whether the kernel is built here (tried at the first decode step; a failure is logged
-        once and remembered)."""
-        try:
-            kernel.load()
-            return True
-        except kernel.CPUKernelUnavailable as e:
-            log.warning("attention=cpu runs attention=torch's decode path: %s", e)
-            return False
+    def _decode_kernel(self) -> bool:
+        """Whether decode steps run the kernel (RuntimeError when `setup` did not run: a
+        request never builds it)."""
+        if self.kernel_ok is None:
+            raise RuntimeError("attention=cpu: setup(device) was not called; the Worker calls "
+                               "it before the model loads")
+        return self.kernel_ok
 
 
 def fresh_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs,

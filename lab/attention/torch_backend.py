@@ -174,10 +174,9 @@ def _attend(md: TorchAttentionMetadata, q: torch.Tensor, key: torch.Tensor, val:
 
 def _groups_as_rows(q: torch.Tensor, key: torch.Tensor) -> bool:
     """Whether a decode step attends with each KV head's query heads as query rows (one
-    [g, L] problem per KV head) rather than SDPA's enable_gqa. Measured on a 2-core AVX-512 CPU
-    (torch 2.13, batch 16, 256 keys, strided K/V as gathered): fp32 1.3-1.7x faster at g = 2
-    and 4; bf16 faster at g = 4 (118 vs 140 us) but slower at g = 2 with head_dim 128 (945 vs
-    663 us). So: grouped attention, not plain MHA, in fp32 or with g >= 4."""
+    [g, L] problem per KV head) rather than SDPA's enable_gqa: grouped attention, not plain MHA,
+    in fp32 or with g >= 4, where it measured faster on the CPU
+    (experiments/results/2026-12-05-cpu-kernels-option.md)."""
     g = q.shape[1] // key.shape[1]
     return g > 1 and (q.dtype == torch.float32 or g >= 4)
 

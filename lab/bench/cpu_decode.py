@@ -83,6 +83,7 @@ def main(argv=None) -> None:
     p.add_argument("--portable", action="store_true", help="time the portable loops too")
     args = p.parse_args(argv)
     dtype = getattr(torch, args.dtype)
+    kernel.load()  # built (or loaded) before anything is timed
     layers, _, kv_heads, dim = PRESETS[args.preset]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.preset} "
           f"({layers} layers), {args.dtype}; ms per step (GB/s of K and V read)")

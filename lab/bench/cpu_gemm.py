@@ -1,24 +1,29 @@
-"""The CPU's GEMMs at decode batch sizes: lab's kernels against oneDNN, one process.
+"""The CPU's GEMMs at decode batch sizes: kernels=cpu's GEMMs against oneDNN and F.linear, one
+process.
 
     python -m lab.bench.cpu_gemm                       # bench_llama and bench_qwen3_06b shapes
     python -m lab.bench.cpu_gemm --rows 1 16 64 256    # row counts (tokens in the step)
-    python -m lab.bench.cpu_gemm --dtype float32       # fp32: lab's op (cpu_sgemm) and MKL's
+    python -m lab.bench.cpu_gemm --dtype float32       # fp32: lab's op on MKL's packing and on
+                                                       # the ordered kernel (opt-in)
 
 For each linear of the two bench presets (qkv, o, gate_up, down, LM head: [N, K] from their
 configs) and each row count, the median time of one call of
 
-    amx       bf16: lab/kernels/cpu_gemm.py (packed once; above 64 rows it is oneDNN inside
-              the op); fp32: lab/kernels/cpu_sgemm.py as pack() chooses (its ordered
-              AVX-512 kernel where that gives F.linear's bits, else MKL's packed sgemm; from
-              128 rows at::linear inside the op)
-    mkl       fp32 only: the same op on MKL's packed sgemm (cpu_sgemm.pack_mkl), side by side
-    onednn    torch.ops.mkldnn._linear_pointwise on a weight prepacked for oneDNN (what lab's
-              linears ran before, eager, and what inductor's freezing calls, compile=true)
-    F.linear  ATen's bf16 linear on the dense weight
+    amx       bf16 only: lab/kernels/cpu_gemm.py (kernels=cpu's bf16 slot; packed once; above
+              64 rows it is oneDNN inside the op)
+    mkl       fp32 only: lab/kernels/cpu_sgemm.py on MKL's packed sgemm (kernels=cpu's fp32
+              slot, MKLGemm; from 128 rows at::linear inside the op)
+    ordered   fp32 only: the same op as pack() chooses (the opt-in OrderedGemm: its ordered
+              AVX-512 kernel where that gives F.linear's bits, else MKL's packed sgemm)
+    onednn    torch.ops.mkldnn._linear_pointwise on a weight prepacked for oneDNN (kernels=cpu's
+              onednn slot, eager, and what inductor's freezing calls, compile=true)
+    F.linear  ATen's linear on the dense weight (kernels=torch)
 
 over `--weights` copies of the weight called in turn (4: a layer's weights stay in L3, as in
 bench_llama; the "cold" row per preset runs every linear of every layer in turn, the step's
-whole weight stream, as a decode step does), with GB/s = weight bytes / time. Correctness is
+whole weight stream, as a decode step does), with GB/s = weight bytes / time. The
+implementations take turns round by round (so a change of the machine's load falls on all of
+them alike) and each reports its median round. Correctness is
 the kernel's tests (tests/kernels/test_cpu_gemm.py); here each result is also checked against
 F.linear in fp32 (max error relative to the largest output) before it is timed.
 """
@@ -43,31 +48,43 @@ SHAPES = {  # name -> [(linear, N, K)], from lab/conf/model/bench_*.yaml
 LAYERS = {"bench_llama": 4, "bench_qwen3_06b": 12}
 
 
-def _median_time(fn, calls: int, repeats: int) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) / calls)
-    return statistics.median(times)
+def _median_times(fns: dict, calls: int, repeats: int) -> dict[str, float]:
+    """Seconds per call of each of `fns` (each runs `calls` calls): two warm-up rounds, then
+    `repeats` rounds, each timing every implementation once, in turn (so a change of the
+    machine's load falls on all of them alike); the median round of each."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for round_ in range(repeats + 2):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            if round_ >= 2:
+                times[name].append((time.perf_counter() - t) / calls)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def _impls(weights: list[torch.Tensor], rows: int):
-    kernel = cpu_gemm if weights[0].dtype == torch.bfloat16 else cpu_sgemm
-    amx = [kernel.pack(w) for w in weights]
+LAB_COLUMNS = {torch.bfloat16: ("amx",), torch.float32: ("mkl", "ordered")}
+
+
+def _lab_impls(weights: list[torch.Tensor]) -> dict:
+    """lab's C++ GEMMs for these weights: amx (bf16), or mkl and ordered (fp32)."""
+    if weights[0].dtype == torch.bfloat16:
+        amx = [cpu_gemm.pack(w) for w in weights]
+        return {"amx": lambda x, i: cpu_gemm.gemm(x, amx[i], weights[i])}
+    mkl = [cpu_sgemm.pack_mkl(w) for w in weights]
+    ordered = [cpu_sgemm.pack(w) for w in weights]
+    return {"mkl": lambda x, i: cpu_sgemm.gemm(x, mkl[i], weights[i]),
+            "ordered": lambda x, i: cpu_sgemm.gemm(x, ordered[i], weights[i])}
+
+
+def _impls(weights: list[torch.Tensor], rows: int) -> dict:
+    """Every implementation timed (module docstring), lab's default first."""
     onednn = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in weights]
-    impls = {
-        "amx": lambda x, i: kernel.gemm(x, amx[i], weights[i]),
+    return {
+        **_lab_impls(weights),
         "onednn": lambda x, i: torch.ops.mkldnn._linear_pointwise(x, onednn[i], None, "none",
                                                                   [], ""),
         "F.linear": lambda x, i: F.linear(x, weights[i]),
     }
-    if kernel is cpu_sgemm:
-        mkl = [cpu_sgemm.pack_mkl(w) for w in weights]
-        impls["mkl"] = lambda x, i: cpu_sgemm.gemm(x, mkl[i], weights[i])
-    return impls
 
 
 def bench_linear(n: int, k: int, rows: int, copies: int, repeats: int,
@@ -76,13 +93,13 @@ def bench_linear(n: int, k: int, rows: int, copies: int, repeats: int,
     weights = [torch.randn(n, k).to(dtype) for _ in range(copies)]
     x = torch.randn(rows, k).to(dtype)
     want = F.linear(x.float(), weights[0].float())
-    out = {}
-    for name, fn in _impls(weights, rows).items():
+    impls = _impls(weights, rows)
+    for name, fn in impls.items():
         err = (fn(x, 0).float() - want).abs().max() / want.abs().max()
         if err > 1e-2:
             raise AssertionError(f"{name}: relative error {err:.2e} for [{n}, {k}] x {rows} rows")
-        out[name] = _median_time(lambda fn=fn: [fn(x, i) for i in range(copies)], copies, repeats)
-    return out
+    return _median_times({name: lambda fn=fn: [fn(x, i) for i in range(copies)]
+                          for name, fn in impls.items()}, copies, repeats)
 
 
 def bench_step(preset: str, rows: int, repeats: int,
@@ -93,13 +110,13 @@ def bench_step(preset: str, rows: int, repeats: int,
               for _ in range(LAYERS[preset])]
     xs = [torch.randn(rows, k).to(dtype) for _, _, k in shapes]
     flat = [w for layer in layers for w in layer]
-    out = {}
-    for name, fn in _impls(flat, rows).items():
-        def step(fn=fn):
-            for i in range(len(flat)):
-                fn(xs[i % len(shapes)], i)
-        out[name] = _median_time(step, 1, repeats)
-    return out
+
+    def step(fn) -> None:
+        for i in range(len(flat)):
+            fn(xs[i % len(shapes)], i)
+
+    return _median_times({name: lambda fn=fn: step(fn) for name, fn in _impls(flat, rows).items()},
+                         1, repeats)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--presets", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                        help="bf16: the AMX kernel; fp32: MKL's packed sgemm (the amx column)")
+                        help="bf16: the AMX kernel; fp32: MKL's packed sgemm and the ordered kernel")
     args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     if dtype == torch.bfloat16 and not cpu_gemm.available():
@@ -117,11 +134,11 @@ def main(argv: list[str] | None = None) -> None:
     if dtype == torch.float32 and not cpu_sgemm.available():
         raise SystemExit("MKL's packed sgemm is not available here (no MKL, or no compiler)")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}; us per "
-          "call (GB/s of weight read)")
-    mkl = "mkl" if dtype == torch.float32 else ""
+          "call (GB/s of weight read); ratios: time / time")
+    names = [*LAB_COLUMNS[dtype], "onednn", "F.linear"]
+    ratios = "  ".join(f"{a}/{b}" for a, b in _ratios(names))
     print(f"{'preset':16s} {'linear':8s} {'[N, K]':>12s} {'rows':>5s}"
-          f" {'amx':>15s} {'onednn':>15s} {'F.linear':>15s} {mkl:>15s}  amx/onednn"
-          + ("  amx/mkl" if mkl else ""))
+          + "".join(f" {n:>15s}" for n in names) + f"  {ratios}")
     for preset in args.presets:
         for rows in args.rows:
             for name, n, k in SHAPES[preset]:
@@ -132,10 +149,16 @@ def main(argv: list[str] | None = None) -> None:
             _row(preset, "cold", f"{LAYERS[preset]} layers", rows, t, size)
 
 
+def _ratios(names: list[str]) -> list[tuple[str, str]]:
+    """The columns compared: lab's default against oneDNN and F.linear; fp32's ordered kernel
+    against MKL's packing."""
+    pairs = [(names[0], "onednn"), (names[0], "F.linear")]
+    return pairs + ([("ordered", "mkl")] if "ordered" in names else [])
+
+
 def _row(preset: str, name: str, shape: str, rows: int, t: dict[str, float], nbytes: int):
-    cells = "".join(f" {t[k] * 1e6:8.1f} ({nbytes / t[k] / 1e9:3.0f})" for k in
-                    ("amx", "onednn", "F.linear", "mkl") if k in t)
-    ratios = f"  {t['amx'] / t['onednn']:.2f}" + (f"  {t['amx'] / t['mkl']:.2f}" if "mkl" in t else "")
+    cells = "".join(f" {t[k] * 1e6:8.1f} ({nbytes / t[k] / 1e9:3.0f})" for k in t)
+    ratios = "".join(f"  {t[a] / t[b]:{len(a) + len(b) + 1}.2f}" for a, b in _ratios(list(t)))
     print(f"{preset:16s} {name:8s} {shape:>12s} {rows:5d}{cells}{ratios}")
 
 

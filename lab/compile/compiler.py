@@ -12,7 +12,7 @@ scopes the step's backend, metadata and KV caches around one call of the compile
 The token count T is marked *unbacked* dynamic (no 0/1 specialisation), so the first call
 compiles one graph that serves every later step, decode, prefill or mixed, T = 1 included.
 Since nothing else can change between steps, dynamo's guards are skipped (their check cost
-~0.2 ms a step on a 2-core CPU), and each CompiledForward keeps its graph apart from any other
+time every step: docs/compile.md), and each CompiledForward keeps its graph apart from any other
 compiled model's (`isolate_recompiles`; on a torch without it, torch 2.11 on the GPU image,
 each instance compiles a copy of the traced function with a code object of its own, where
 dynamo keeps its cache), so two engines in one process never share one.
@@ -46,12 +46,12 @@ COMMON_INDUCTOR_OPTIONS: dict[str, Any] = {
     "nan_asserts": False,
     "epilogue_fusion": True,
 }
-# CPU (bench_llama decode forward, batch 16, docs/compile.md): freezing turns the weights into
-# constants, packed for oneDNN and fused with their epilogues (without it, fp32 GEMMs go to MKL
-# sgemm on unpacked weights: 25% slower); cpp_wrapper calls the kernels from C++ instead of a
-# Python wrapper (4-5% faster); cpp.min_chunk_size at ATen's grain size keeps a fused kernel
-# on one thread where eager's op would be (an OpenMP region per small decode kernel cost 17%
-# at 2 threads, OMP_WAIT_POLICY=PASSIVE). max_autotune buys ~1% for minutes of autotuning.
+# CPU (each measured on bench_llama's decode forward: docs/compile.md): freezing turns the
+# weights into constants, packed for oneDNN and fused with their epilogues (without it, fp32
+# GEMMs go to MKL sgemm on unpacked weights, slower); cpp_wrapper calls the kernels from C++
+# instead of a Python wrapper; cpp.min_chunk_size at ATen's grain size keeps a fused kernel on
+# one thread where eager's op would be (an OpenMP region per small decode kernel costs a thread
+# wake-up at 2 threads). max_autotune buys little for minutes of autotuning.
 CPU_INDUCTOR_OPTIONS: dict[str, Any] = {**COMMON_INDUCTOR_OPTIONS, "freezing": True,
                                         "cpp_wrapper": True, "cpp.min_chunk_size": 32768}
 
@@ -93,11 +93,10 @@ class CompileOptions:
 
 # CPU: inductor decides each fused kernel's threading once, at compile time, from the size hint
 # (cpp.min_chunk_size above). A decode-sized hint keeps every elementwise kernel on one thread,
-# as decode steps want (an OpenMP region per small kernel costs a thread wake-up each: bench_llama
-# fp32 with OMP_WAIT_POLICY=PASSIVE, 1.41-1.57 -> 1.77 s a run with one budget-sized graph), but
-# then a prefill's norms, rotary and SiLU over thousands of rows run on one thread too
-# (bench_qwen3_06b bf16: 2048-token prefill 656-696 ms, 559-589 ms with the budget as the hint).
-# So steps of at least this many tokens run a second graph with the budget as its hint.
+# as decode steps want (an OpenMP region per small kernel costs a thread wake-up each), but
+# then a prefill's norms, rotary and SiLU over thousands of rows run on one thread too. So steps
+# of at least this many tokens run a second graph with the budget as its hint (both effects
+# measured: docs/compile.md, "Two graphs on the CPU").
 LARGE_STEP_TOKENS = 256
 
 

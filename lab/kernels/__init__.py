@@ -1,11 +1,15 @@
-"""Triton kernels, one per file, each beside its PyTorch reference.
+"""Triton kernels, one per file, each beside its PyTorch reference (and lab's few C++ CPU
+kernels, `cpu_*.py` beside `cpu_*.cpp`: lab/kernels/cpu_ext.py).
 
-Importing any kernel module imports this package first. Without CUDA (and unless the user chose
-otherwise) it switches Triton to its interpreter, before any `@triton.jit` below runs: triton
-reads `TRITON_INTERPRET` when a function is decorated. If triton.language was imported earlier
-(torch._dynamo does), its own jit'd helpers (tl.sum, tl.max, tl.sigmoid, ...) were compiled-mode
-JITFunctions, which the interpreter cannot call; they are re-wrapped as interpreted functions.
-The interpreter runs each program with numpy, is slow, and has no bf16 arithmetic.
+Importing this package changes nothing in the process. Without CUDA, Triton kernels run in
+Triton's interpreter, which a run switches on itself: `use_interpreter_without_cuda()` sets
+`TRITON_INTERPRET=1` (unless the user set it), where a CPU run starts (the Worker calls it; so
+does anything that launches a kernel outside an engine). Triton reads `TRITON_INTERPRET` when a
+function is decorated, so the `@triton.jit` functions of modules imported before the call
+(triton.language's own helpers: torch._dynamo imports it; lab's kernel modules, which the
+PyTorch references beside them bring in) were compiled-mode JITFunctions, which the
+interpreter cannot call: the call re-wraps them as interpreted functions. The interpreter runs
+each program with numpy, is slow, and has no bf16 arithmetic.
 """
 
 from __future__ import annotations
@@ -16,28 +20,41 @@ import sys
 
 import torch
 
+# the modules whose @triton.jit functions a switch to the interpreter re-wraps
+_JIT_MODULE_PREFIXES = ("triton.language", "lab.kernels")
 
-def _interpret_loaded_triton_language() -> None:
-    """Re-wrap the jit'd helpers of already-imported triton.language modules for the interpreter
-    (one wrapper per function, so identity checks such as `combine_fn is _sum_combine` hold)."""
-    if "triton.language" not in sys.modules:
+
+def use_interpreter_without_cuda() -> bool:
+    """Where there is no CUDA and TRITON_INTERPRET is unset: set TRITON_INTERPRET=1 in this
+    process's environment (worker processes it starts inherit it) and re-wrap the @triton.jit
+    functions decorated before (module docstring). Call it where a run starts, before a Triton
+    kernel is launched; calling it again changes nothing. Returns whether Triton kernels run in
+    the interpreter."""
+    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+        os.environ["TRITON_INTERPRET"] = "1"
+        _interpret_loaded_jit_functions()
+    return interpreter_active()
+
+
+def _interpret_loaded_jit_functions() -> None:
+    """Re-wrap the jit'd functions of already-imported triton.language and lab.kernels modules
+    for the interpreter (one wrapper per function, so identity checks such as
+    `combine_fn is _sum_combine` hold, and a kernel imported by name into another module is the
+    same wrapper there)."""
+    if "triton" not in sys.modules:
         return
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     wrapped: dict[int, tuple[JITFunction, InterpretedFunction]] = {}  # keeps originals alive
-    modules = [m for n, m in list(sys.modules.items()) if n.startswith("triton.language") and m]
+    modules = [m for n, m in list(sys.modules.items())
+               if n.startswith(_JIT_MODULE_PREFIXES) and m is not None]
     for module in modules:
         for name, value in list(vars(module).items()):
             if isinstance(value, JITFunction):
                 if id(value) not in wrapped:
                     wrapped[id(value)] = (value, InterpretedFunction(value.fn))
                 setattr(module, name, wrapped[id(value)][1])
-
-
-if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
-    os.environ["TRITON_INTERPRET"] = "1"
-    _interpret_loaded_triton_language()
 
 
 def warn_if_interpreted() -> bool:

@@ -3,12 +3,12 @@
 // sampler's greedy pick was). Built by lab/kernels/cpu_argmax.py, which holds that reference.
 //
 // Why: a greedy decode step's whole sampling is this reduction over the vocabulary, and ATen's
-// max(dim) kept value and index per element at ~12 GB/s ([16, 16384]: ~80 us per step, 2.4% of
-// bench_llama bf16's step); here 16 lanes keep their best value and its index (a compare and
-// two blends per 16 logits), then the lanes are reduced, one task per row.
+// max(dim) keeps a value and an index per element, far from the memory's rate; here 16 lanes
+// keep their best value and its index (a compare and two blends per 16 logits), then the lanes
+// are reduced, one task per row. Measured: experiments/results/2026-12-05-cpu-kernels-option.md.
 
 #include <ATen/ATen.h>
-#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (~7 s more to build)
+#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (slower to build)
 
 #include <ATen/Parallel.h>
 

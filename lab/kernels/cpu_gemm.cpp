@@ -3,10 +3,8 @@
 // lab/kernels/cpu_gemm.py (which holds the PyTorch reference, F.linear, it is tested against).
 //
 // Why: at M = 16 a step's GEMMs stream their weights once and do little arithmetic, so the
-// time is how fast the weights arrive. At 16 rows oneDNN's prepacked matmul read a decode
-// step's weights at 21 GB/s from DRAM (bench_qwen3_06b's 12 layers) and 25 GB/s from L3
-// (bench_llama's 4), one weight at a time 22-40 GB/s; this loop, one contiguous weight stream
-// per thread and one AMX tile product per 1 KiB of weight, at 24, 39 and 40-47 GB/s
+// time is how fast the weights arrive. This loop, one contiguous weight stream per thread and
+// one AMX tile product per 1 KiB of weight, reads them faster than oneDNN's prepacked matmul
 // (python -m lab.bench.cpu_gemm; experiments/results/2026-12-04-cpu-kernels-amx.md).
 //
 // Packed layout (pack()): the N columns in groups of 64 (4 tiles of 16; the last group may hold
@@ -27,7 +25,7 @@
 // and the Python side never packs.
 
 #include <ATen/ATen.h>
-#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (~7 s more to build)
+#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (slower to build)
 #include <torch/library.h>
 
 #include <ATen/Parallel.h>

@@ -4,17 +4,18 @@ reference.
     y = gemm(x, packed, weight, bias)      x [M, K] bf16, weight [N, K] bf16, bias [N] or None
     packed = pack(weight)                  once, after loading (N % 16 == 0, K % 32 == 0)
 
-What it is for: `UnquantizedLinearMethod` (lab/layers/linear.py) packs every bf16 CPU weight
-with a compatible shape when the CPU has AMX-BF16 (`available()`), and its forward then runs
-this kernel, eager or compiled: `torch.ops.lab_cpu.gemm_bf16` is a dispatcher op with a C++
-kernel (no Python between a compiled graph and it) and a fake implementation registered here,
-so torch.compile keeps it opaque. At most 64 rows run on the tiles; more rows (prefill) go to
-oneDNN's matmul on the dense weight inside the same op. Why a kernel of lab's own, the layout
-and the speeds: the .cpp's header and `python -m lab.bench.cpu_gemm`.
+What it is for: `kernels=cpu`'s bf16 slot (`AMXGemm`, lab/conf/kernels/cpu.yaml): after
+loading, every bf16 CPU weight with a compatible shape is packed for it where the CPU has
+AMX-BF16 and the OS grants the tiles, and the linear's forward then runs this kernel, eager or
+compiled: `torch.ops.lab_cpu.gemm_bf16` is a dispatcher op with a C++ kernel (no Python between
+a compiled graph and it) and a fake implementation registered at setup, so torch.compile keeps
+it opaque. At most 64 rows run on the tiles; more rows (prefill) go to oneDNN's matmul on the
+dense weight inside the same op. Why a kernel of lab's own and the layout: the .cpp's header;
+the speeds: `python -m lab.bench.cpu_gemm` and experiments/results/.
 
-Build: `lab.kernels.cpu_ext` (torch's cpp_extension at first use, cached). Where it cannot be
-built, or the CPU or the OS gives no AMX tiles, `available()` is False and the linears keep
-their oneDNN path.
+Build: `lab.kernels.cpu_ext`, at the option's setup (before the engine is ready). On a CPU
+without AMX-BF16 nothing is built and the slot does not run (the next slot, oneDNN, takes the
+weights).
 
 `gemm_ref` is the contract in PyTorch: F.linear in fp32, rounded once to bf16.
 """
@@ -24,9 +25,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lab.kernels.cpu_ext import CPUExtension, PackedGemm, cpu_flags
+from lab.kernels.cpu_ext import (
+    CPUExtension,
+    CPUKernelUnavailable,
+    PackedGemm,
+    cpu_flags,
+    packed_gemm,
+)
 
 EXTENSION = CPUExtension("cpu_gemm")
+
+
+def applies() -> bool:
+    """Whether the CPU has AMX-BF16 (else nothing is built)."""
+    return {"amx_bf16", "amx_tile", "avx512_bf16"} <= set(cpu_flags().split())
 
 
 def supports(weight: torch.Tensor) -> bool:
@@ -35,18 +47,44 @@ def supports(weight: torch.Tensor) -> bool:
             and weight.shape[0] % 16 == 0 and weight.shape[1] % 32 == 0)
 
 
-def _ready() -> bool:
-    """Built here with AMX-BF16 and this process may use the tiles (on a CPU without AMX-BF16
-    nothing is built)."""
-    return ({"amx_bf16", "amx_tile", "avx512_bf16"} <= set(cpu_flags().split())
-            and EXTENSION.available() and EXTENSION.load().amx_ready())
+class AMXGemm(PackedGemm):
+    """kernels=cpu's bf16 GEMM on AMX tiles (module docstring)."""
+
+    extension = EXTENSION
+    op = "gemm_bf16"
+    dtypes = (torch.bfloat16,)
+
+    def applies(self) -> bool:
+        return applies()
+
+    def usable(self, module) -> bool:
+        return bool(module.amx_ready())  # the OS may refuse this process the tiles
+
+    def supports(self, weight: torch.Tensor) -> bool:
+        return supports(weight)
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        return pack(weight)
 
 
-OP = PackedGemm(EXTENSION, "gemm_bf16", supports, _ready)
-available = OP.available  # () -> whether the kernel runs here
-try_pack = OP.try_pack  # weight -> the packed weight where the kernel takes it, else None
-pack = OP.pack  # weight [N, K] bf16 -> the AMX layout (flat [N * K]; cpu_gemm.cpp)
-gemm = OP.gemm  # (x [..., K], packed, weight, bias=None) -> y [..., N] bf16
+def available() -> bool:
+    """Whether the kernel runs here (builds it now where the CPU has AMX: tests, benchmarks)."""
+    try:
+        return AMXGemm().setup()
+    except CPUKernelUnavailable:
+        return False
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] bf16 -> the AMX layout (flat [N * K]; cpu_gemm.cpp); the extension must be
+    loaded (`available()` or the option's setup)."""
+    return EXTENSION.loaded().pack(weight.detach())
+
+
+def gemm(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
+         bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y [..., N] = x [..., K] W^T (+ bias) through `packed` (= pack(weight)), bf16."""
+    return packed_gemm(AMXGemm.op, x, packed, weight, bias)
 
 
 def gemm_ref(x: torch.Tensor, weight: torch.Tensor,

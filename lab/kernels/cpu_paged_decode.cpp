@@ -25,7 +25,7 @@
 // (-O3 -march=native -fopenmp -ffast-math); `portable` forces those (the tests run both).
 
 #include <ATen/ATen.h>
-#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (~7 s more to build)
+#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (slower to build)
 
 #include <ATen/Parallel.h>
 
@@ -43,8 +43,8 @@ namespace {
 // the blocks of a request are scattered over the cache, so the hardware prefetcher cannot guess
 // the next one; a whole block asked for at once fills the core's miss buffers and stalls it).
 // Into L2 (prefetcht1): more misses in flight than L1 takes. Past K's last block it prefetches
-// V's first. bench_qwen3_06b bf16, 12 layers, 16 requests of 192 keys, cold: 5.9 ms as one task
-// per KV head two blocks ahead, 5.6 ms as one task per request one block ahead (below).
+// V's first. One task per request one block ahead (below) beat one task per KV head two blocks
+// ahead (experiments/results/2026-12-05-cpu-kernels-option.md).
 constexpr int64_t PREFETCH_BLOCKS = 1;
 
 template <typename T>
@@ -167,7 +167,7 @@ void task_portable(const Task<T>& t, const Shape& sh, float scale, float* work) 
 #if defined(__AVX512F__)
 // A head's q (pass 1) or accumulators (pass 2) and a K/V row sit in registers while the task
 // reads that head's rows of a block (the portable loop goes through memory for every row and
-// reduces every dot product alone: 2-2.5x slower on a cache in L2).
+// reduces every dot product alone: slower, python -m lab.bench.cpu_decode --portable).
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const at::BFloat16* p) {  // bf16 -> fp32: zero-extend, shift to the top
   const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));

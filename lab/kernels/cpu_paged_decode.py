@@ -7,9 +7,9 @@ This kernel reads K and V in place through the block table, once. It is what `at
 2026-12-04-cpu-attention-ceiling.md measured what decode attention costs lab and what a kernel
 could give.
 
-Build: `lab.kernels.cpu_ext` (torch's cpp_extension at first use, cached; its docstring has
-the flags and why). Without a C++ compiler `load()` raises `CPUKernelUnavailable` and the
-backend falls back to the torch path (with one warning).
+Build: `lab.kernels.cpu_ext` (its docstring has the flags, the directory and the lock), from
+attention=cpu's setup, before the engine is ready. Without a C++ compiler `load()` raises
+`CPUKernelUnavailable` and the backend runs the torch path (with one warning).
 
     paged_decode(q, k, v, kv_cache, slots, block_table, seq_lens, num_reqs, num_tokens, scale)
       -> out [T, H, D]
@@ -36,8 +36,8 @@ import torch
 from lab.kernels.cpu_ext import CPUExtension, CPUKernelUnavailable
 from lab.kernels.kv_cache_write import write_kv_cache_ref
 
-__all__ = ["CPUKernelUnavailable", "build", "extension_name", "load", "paged_decode",
-           "paged_decode_ref", "supports"]
+__all__ = ["CPUKernelUnavailable", "applies", "build", "extension_name", "load",
+           "paged_decode", "paged_decode_ref", "supports"]
 
 EXTENSION = CPUExtension("cpu_paged_decode")
 DTYPES = (torch.float32, torch.bfloat16)
@@ -48,8 +48,15 @@ def extension_name() -> str:
     return EXTENSION.name()
 
 
+def applies() -> bool:
+    """Whether the kernel can run on this machine at all (any CPU: portable loops without
+    AVX-512)."""
+    return True
+
+
 def load():
-    """The compiled extension, built on first use (then cached on disk and in this process)."""
+    """The compiled extension: loaded in this process already, else built (or loaded from the
+    disk cache) now; attention=cpu's setup calls it before the engine is ready."""
     return EXTENSION.load()
 
 
@@ -69,9 +76,10 @@ def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: to
                  slots: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                  num_reqs: int, num_tokens: int, scale: float, portable: bool = False
                  ) -> torch.Tensor:
-    """The kernel (module docstring); raises CPUKernelUnavailable when it cannot be built.
-    `portable` runs the plain C++ loops even where an AVX-512 task is compiled in (tests)."""
-    return load().paged_decode(q, k, v, kv_cache, slots, block_table, seq_lens, num_reqs,
+    """The kernel (module docstring); the extension must be loaded already (`load()`: it never
+    builds here). `portable` runs the plain C++ loops even where an AVX-512 task is compiled in
+    (tests)."""
+    return EXTENSION.loaded().paged_decode(q, k, v, kv_cache, slots, block_table, seq_lens, num_reqs,
                                num_tokens, scale, portable)
 
 

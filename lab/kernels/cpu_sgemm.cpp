@@ -3,13 +3,13 @@
 // reference, F.linear, it is tested against).
 //
 // Why: fp32 has no AMX, so a decode step's fp32 linears run on the FMA units; at 16 rows an fp32
-// weight element costs 16 FMA lanes, and two cores at one 512-bit FMA a cycle consume ~27 GB/s
-// of weights, about what DRAM delivers, so a kernel's every loss shows (bench_qwen3_06b fp32:
-// MKL's packed sgemm reads 15 GB/s cold, oneDNN's prepacked matmul 17, F.linear 9).
+// weight element costs 16 FMA lanes, and two cores at one 512-bit FMA a cycle consume weights
+// about as fast as DRAM delivers them, so a kernel's every loss shows (the rates of MKL's
+// packed sgemm, oneDNN and F.linear: experiments/results/2026-12-05-cpu-fp32-ordered.md).
 //
 // Two kernels behind one op, the packed weight saying which (a 16-word header, then the data):
 //
-// - ORDERED (AVX-512): lab's own kernel, 8 rows x 32 columns of accumulators, the weight
+// - ORDERED (AVX-512): lab's own kernel, 8 rows x 48 columns of accumulators, the weight
 //   packed as [N/16][K][16] (one contiguous stream per column block). Its sums over k follow a
 //   layout: K in `parts` equal parts, each part in blocks of `kc` (or `kc` balanced); a block
 //   is an FMA chain from zero, a part chains its blocks (part 0 starting at the bias), and the
@@ -18,12 +18,14 @@
 //   found by emulating candidate orders in float64 against F.linear's bits. pack() does not
 //   trust that rule: it tries the candidate layouts on this weight at this thread count and
 //   keeps the first whose output equals at::linear's bit for bit on probe rows (16 and 127),
-//   so lab's fp32 linears give transformers' bits where they take this kernel. Below 16 rows
+//   so fp32 linears give transformers' bits where they take this kernel (the opt-in fp32 slot
+//   OrderedGemm of kernels=cpu). Below 16 rows
 //   MKL changes kernels (no layout matches); the same layout runs there, no worse than MKL's
 //   packed sgemm, which was not bitwise F.linear either.
-// - MKL: MKL's packed sgemm (cblas_sgemm_compute on a B packed once), where no candidate
-//   matches (another thread count, a K MKL splits otherwise: bench_llama's 1408) or the CPU
-//   has no AVX-512. MKL's entry points come from libtorch_cpu, which links MKL statically and
+// - MKL: MKL's packed sgemm (cblas_sgemm_compute on a B packed once): what pack_mkl() packs
+//   (kernels=cpu's default for fp32), and what pack() falls back to where no candidate matches
+//   (another thread count, a K MKL splits otherwise: bench_llama's 1408) or the CPU has no
+//   AVX-512. The ordered kernel is an opt-in (lab/kernels/cpu_sgemm.py says why). MKL's entry points come from libtorch_cpu, which links MKL statically and
 //   exports them (LP64: MKL_INT is int).
 //
 // Side by side (one process, 49 GEMMs cold, 16 rows, bench_qwen3_06b's shapes; 2-core AVX-512
@@ -34,7 +36,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (~7 s more to build)
+#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (slower to build)
 #include <torch/library.h>
 
 #include <algorithm>
@@ -65,8 +67,8 @@ constexpr int64_t HEADER = 16;   // words before the packed data (64 bytes: keep
 constexpr int32_t MAGIC = 0x6c616266;  // "labf"
 enum Kind : int32_t { MKL = 1, ORDERED = 2 };
 // The ordered kernel's tile: 8 rows x 3 column blocks of 16 = 24 accumulators, 3 weight vectors
-// and a broadcast x: 28 of the 32 zmm registers (3 loads + 8 broadcasts per 24 FMAs). Measured
-// (49 GEMMs cold, 16 rows): 8 x 3 39.6 ms, 8 x 2 43.1, 12 x 2 40.5, 6 x 4 42.4, 16 x 1 50.1.
+// and a broadcast x: 28 of the 32 zmm registers (3 loads + 8 broadcasts per 24 FMAs); the
+// fastest of the tiles tried (experiments/results/2026-12-05-cpu-fp32-ordered.md, "Tuning").
 constexpr int64_t TILE_ROWS = 8, COLS = 16;  // rows a pass, columns a block (one zmm)
 constexpr int TILE_NB = 3;                   // column blocks a tile
 constexpr int64_t TILE_COLS = TILE_NB * COLS;
@@ -142,12 +144,12 @@ std::vector<Layout> candidates(int64_t k) {
 #ifdef __AVX512F__
 constexpr bool HAVE_ORDERED = true;
 // Software prefetch PF_K k's (cache lines of a column block) ahead into L1: without it the
-// weight stream and the FMAs take turns (~15 GB/s cold, 1/(1/27 + 1/36) of DRAM's and the
-// FMAs' rates); 16/24/32/48/64/128 ahead: 48.2/44.2/42.8/43.9/43.9/46.6 ms (T1: ~43.7).
+// weight stream and the FMAs take turns (1/(1/DRAM + 1/FMA) of the two rates); the distances
+// tried: experiments/results/2026-12-05-cpu-fp32-ordered.md, "Tuning".
 constexpr int64_t PF_K = 32;
 // k's a row pass runs before the next pass takes the same weights (then still in L1); the
-// accumulators carry over in memory, so the FMA chains and the sums are the same (64: 38.6 ms,
-// 32: 39.4, 48: 37.2, a whole block: 40.8)
+// accumulators carry over in memory, so the FMA chains and the sums are the same (the sizes
+// tried: experiments/results/2026-12-05-cpu-fp32-ordered.md, "Tuning")
 constexpr int64_t SUB_K = 64;
 
 // acc[r][j] = sum over k in [k0, k1) of x[r, k] * W[k, 16j..16j+15], one FMA chain from zero

@@ -2,25 +2,31 @@
 reference.
 
     y = gemm(x, packed, weight, bias)      x [M, K] fp32, weight [N, K] fp32, bias [N] or None
-    packed = pack(weight)                  once, after loading
+    packed = pack_mkl(weight)              once, after loading (or pack(weight): opt-in, below)
     describe(packed)                       what it runs: "mkl" or "ordered: <layout>"
 
-Two kernels behind the op, the packed weight saying which: lab's own AVX-512 kernel summing
-over k in MKL's order ("ordered": pack() keeps it only where its output equals F.linear's bit
-for bit on this weight at this thread count, so lab's fp32 linears then give transformers'
-bits), else MKL's packed sgemm. `pack_layout` forces a layout and `emulate_ref` is that layout's
-order in PyTorch (float64 products, one float32 rounding per FMA), for the tests.
+Two kernels behind the op, the packed weight saying which:
 
-What it is for: `UnquantizedLinearMethod` (lab/layers/linear.py) packs every fp32 CPU weight
-of at least _MIN_PACK_ELEMENTS for it where torch has MKL (`available()`), and its forward then
-runs this op, eager or compiled: `torch.ops.lab_cpu.gemm_fp32` is a dispatcher op with a C++
-kernel and a fake implementation registered here, so torch.compile keeps it opaque (inductor's
-freezing would otherwise pack the weight for oneDNN, slower at decode sizes). Below 128 rows it
-runs the packed kernel; from 128 rows (prefill) at::linear on the dense weight. Why and the
-speeds: the .cpp's header and `python -m lab.bench.cpu_gemm --dtype float32`.
+- MKL's packed sgemm (`pack_mkl`, the slot `MKLGemm`: kernels=cpu's default for fp32).
+- "ordered" (`pack`, the slot `OrderedGemm`, opt-in): lab's own AVX-512 kernel summing over k
+  in the order MKL's sgemm sums in at this thread count. pack() tries candidate layouts on the
+  weight and keeps one only where its output equals F.linear's bit for bit on probe rows
+  (then lab's fp32 linears give transformers' bits), else packs for MKL. What it runs thus
+  depends on MKL's internals and the thread count: that is why it is not the default; why one
+  may opt in (it is faster at decode sizes): README's "CPU kernels" and experiments/results/.
+  `pack_layout` forces a layout and `emulate_ref` is that layout's order in PyTorch (float64
+  products, one float32 rounding per FMA), for the tests.
 
-Build: `lab.kernels.cpu_ext` (torch's cpp_extension at first use, cached). Where torch has no
-MKL or it cannot be built, `available()` is False and the linears keep their oneDNN path.
+What it is for: `kernels=cpu`'s fp32 slot (lab/conf/kernels/cpu.yaml): after loading, every
+fp32 CPU weight of at least the slot's `min_elements` is packed for it where torch has MKL,
+and the linear's forward then runs this op, eager or compiled: `torch.ops.lab_cpu.gemm_fp32`
+is a dispatcher op with a C++ kernel and a fake implementation registered at setup, so
+torch.compile keeps it opaque (inductor's freezing would otherwise pack the weight for oneDNN).
+Below 128 rows it runs the packed kernel; from 128 rows (prefill) at::linear on the dense
+weight. Why: the .cpp's header; the speeds: `python -m lab.bench.cpu_gemm --dtype float32`.
+
+Build: `lab.kernels.cpu_ext`, at the option's setup (before the engine is ready). Where torch
+has no MKL nothing is built and the slot does not run (the next slot, oneDNN, takes the weights).
 
 `gemm_ref` is the contract in PyTorch: F.linear.
 """
@@ -30,10 +36,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lab.kernels.cpu_ext import CPUExtension, PackedGemm
+from lab.kernels.cpu_ext import CPUExtension, CPUKernelUnavailable, PackedGemm, packed_gemm
 
 # no -ffast-math: it would let the compiler reassociate the ordered kernel's adds
 EXTENSION = CPUExtension("cpu_sgemm", extra_cflags=("-fno-fast-math",))
+
+
+def applies() -> bool:
+    """Whether torch has MKL (the op's MKL kernel links against torch's; else nothing is built)."""
+    return torch.backends.mkl.is_available()
 
 
 def supports(weight: torch.Tensor) -> bool:
@@ -42,16 +53,54 @@ def supports(weight: torch.Tensor) -> bool:
             and weight.is_contiguous())
 
 
-def _ready() -> bool:
-    """torch has MKL and the op is built here."""
-    return torch.backends.mkl.is_available() and EXTENSION.available()
+class MKLGemm(PackedGemm):
+    """kernels=cpu's fp32 GEMM: MKL's packed sgemm behind lab's op (module docstring)."""
+
+    extension = EXTENSION
+    op = "gemm_fp32"
+    dtypes = (torch.float32,)
+
+    def applies(self) -> bool:
+        return applies()
+
+    def supports(self, weight: torch.Tensor) -> bool:
+        return supports(weight)
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        return pack_mkl(weight)
 
 
-OP = PackedGemm(EXTENSION, "gemm_fp32", supports, _ready)
-available = OP.available  # () -> whether the op runs here
-try_pack = OP.try_pack  # weight -> the packed weight where the op takes it, else None
-pack = OP.pack  # weight [N, K] fp32 -> the packed weight (fp32 words; cpu_sgemm.cpp)
-gemm = OP.gemm  # (x [..., K], packed, weight, bias=None) -> y [..., N] fp32
+class OrderedGemm(MKLGemm):
+    """The opt-in fp32 GEMM: the ordered kernel where pack() finds a layout giving F.linear's
+    bits on the weight at this thread count, else MKL's packed sgemm (module docstring)."""
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        return pack(weight)
+
+
+def available() -> bool:
+    """Whether the op runs here (builds it now where torch has MKL: tests, benchmarks)."""
+    try:
+        return MKLGemm().setup()
+    except CPUKernelUnavailable:
+        return False
+
+
+def pack_mkl(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [N, K] fp32 packed for MKL's packed sgemm; the extension must be loaded."""
+    return EXTENSION.loaded().pack_mkl(weight.detach())
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [N, K] fp32 packed for the ordered kernel in the first candidate layout that
+    gives F.linear's bits here, else for MKL (module docstring)."""
+    return EXTENSION.loaded().pack(weight.detach())
+
+
+def gemm(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
+         bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y [..., N] = x [..., K] W^T (+ bias) through `packed` (pack_mkl / pack / pack_layout)."""
+    return packed_gemm(MKLGemm.op, x, packed, weight, bias)
 
 
 def gemm_ref(x: torch.Tensor, weight: torch.Tensor,
@@ -62,27 +111,22 @@ def gemm_ref(x: torch.Tensor, weight: torch.Tensor,
 
 def has_ordered() -> bool:
     """Whether the ordered kernel runs here (the op is built, with AVX-512)."""
-    return available() and EXTENSION.load().has_ordered()
+    return available() and EXTENSION.loaded().has_ordered()
 
 
 def candidate_layouts(k: int) -> list[tuple[int, int, bool]]:
     """The (parts, kc, balanced) layouts pack() tries for a K, in the order it tries them."""
-    return EXTENSION.load().candidate_layouts(k)
+    return EXTENSION.loaded().candidate_layouts(k)
 
 
 def describe(packed: torch.Tensor) -> str:
     """What `packed` runs: "mkl", or "ordered: <parts> parts x blocks of <kc>"."""
-    return EXTENSION.load().describe(packed)
-
-
-def pack_mkl(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` packed for MKL's packed sgemm, whatever pack() would choose (A/B, tests)."""
-    return EXTENSION.load().pack_mkl(weight)
+    return EXTENSION.loaded().describe(packed)
 
 
 def pack_layout(weight: torch.Tensor, parts: int, kc: int, balanced: bool = False) -> torch.Tensor:
     """`weight` packed for the ordered kernel in a given summation layout (AVX-512 builds)."""
-    return EXTENSION.load().pack_layout(weight, parts, kc, balanced)
+    return EXTENSION.loaded().pack_layout(weight, parts, kc, balanced)
 
 
 def emulate_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: int,
@@ -94,7 +138,7 @@ def emulate_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     f32, f64 = torch.float32, torch.float64
     xd, wd = x.to(f64), weight.to(f64)
     total = None
-    for bounds in EXTENSION.load().layout_blocks(weight.shape[1], parts, kc, balanced):
+    for bounds in EXTENSION.loaded().layout_blocks(weight.shape[1], parts, kc, balanced):
         chain = None if total is not None or bias is None else bias.to(f32).expand(
             x.shape[0], -1)
         for lo, hi in zip(bounds[:-1], bounds[1:]):

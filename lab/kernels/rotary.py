@@ -153,7 +153,8 @@ def _rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: 
     x1*cos - x2*sin and x2*cos + x1*sin: the same products and sums as HF's
     x*cat(cos, cos) + rotate_half(x)*cat(sin, sin), bit for bit, but every operand is read
     contiguously, so inductor's C++ kernel (compile=true) loads cos/sin as vectors instead of
-    gathering them one element at a time through `d % (R/2)` (5x faster on a CPU).
+    gathering them one element at a time through `d % (R/2)` (faster on a CPU:
+    experiments/results/2026-12-05-cpu-prefill-compile.md).
     """
     rot = 2 * cos.shape[-1]
     x_rot, x_pass = x[..., :rot], x[..., rot:]

@@ -39,7 +39,6 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         self.bias = None
-        self.quant_method = UnquantizedLinearMethod()  # the weight is owned here, not created
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         """Copy this rank's rows of the unsharded [vocab, hidden] tensor; zero the padding."""
@@ -67,7 +66,13 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     """Hidden states -> float32 logits over the vocabulary; `tie(embedding)` shares the
-    embedding's (identically sharded) weight."""
+    embedding's (identically sharded) weight. Its GEMM is a dense linear's
+    (`UnquantizedLinearMethod`: the kernels option may pack the weight after loading)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int,
+                 params_dtype: torch.dtype | None = None, tp: GroupCoordinator | None = None):
+        super().__init__(num_embeddings, embedding_dim, params_dtype, tp)
+        self.quant_method = UnquantizedLinearMethod()  # the weight is owned here, not created
 
     def tie(self, embedding: VocabParallelEmbedding) -> None:
         """Use the embedding's weight as this head's weight (one Parameter, two owners)."""

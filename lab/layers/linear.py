@@ -2,7 +2,8 @@
 
 Every linear holds a `quant_method` that creates its weights and computes its forward; the layer
 never branches on which method it holds. The default is `UnquantizedLinearMethod`
-(weight [out, in] in the model dtype, forward = F.linear). A quantization method only has to
+(weight [out, in] in the model dtype, forward = F.linear, or the GEMM the kernels option packed
+the weight for after loading: `LayerOps.pack_linear`). A quantization method only has to
 provide the same three methods (`create_weights`, `apply`, `process_weights_after_loading`);
 it is given this rank's sizes (`input_size_per_partition`, `output_partition_sizes`).
 
@@ -41,6 +42,7 @@ The weight loaders tell the dimensions apart by their number: a 2-D parameter is
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,8 +50,7 @@ from torch import nn
 
 from lab.attention.spec import kv_heads_per_rank
 from lab.distributed.parallel_state import GroupCoordinator
-from lab.kernels import cpu_gemm, cpu_sgemm
-from lab.kernels.cpu_ext import PackedGemm
+from lab.layers.ops import LayerOps
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -60,60 +61,25 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
         param.copy_(loaded)
 
 
-def onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
-    """A oneDNN-prepacked copy of a CPU fp32/bf16 weight [out, in], or None where unavailable.
-
-    At decode batch sizes a prepacked GEMM is up to ~3x faster than F.linear's MKL sgemm on CPU
-    (the same trick vLLM's CPU backend and inductor's freezing use), but each call costs a fixed
-    ~40 us, so a small weight (below _MIN_PACK_ELEMENTS) stays with F.linear: 64x128 at batch 3
-    takes 6 us there against 52 us packed, while 1024x3072 takes 0.7 ms packed against 1.8 ms
-    (one thread, 2-vCPU EPYC without AVX-512, torch 2.13). The dense weight is kept: later passes
-    (e.g. MLA absorption) read it.
-    """
-    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
-        return None
-    if weight.numel() < _MIN_PACK_ELEMENTS:
-        return None
-    if not torch.backends.mkldnn.is_available():
-        return None
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_BATCH_HINT)
-    except (RuntimeError, AttributeError):
-        return None
-
-
-_PACK_BATCH_HINT = 16
-_MIN_PACK_ELEMENTS = 1 << 18  # 512 x 512: below it the packed call's fixed cost dominates
-
-
-def kernel_pack(weight: torch.Tensor) -> tuple[PackedGemm | None, torch.Tensor | None]:
-    """(lab's own CPU GEMM for `weight`, the weight packed for it), or (None, None): the AMX
-    kernel for bf16 (lab/kernels/cpu_gemm.py, any shape it takes), else the fp32 GEMM from
-    _MIN_PACK_ELEMENTS (lab/kernels/cpu_sgemm.py: its ordered kernel where that gives F.linear's
-    bits, else MKL's packed sgemm), where they run on this machine."""
-    for op, min_elements in ((cpu_gemm.OP, 0), (cpu_sgemm.OP, _MIN_PACK_ELEMENTS)):
-        if weight.numel() >= min_elements and (packed := op.try_pack(weight)) is not None:
-            return op, packed
-    return None, None
-
-
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 packed: torch.Tensor | None, kernel: PackedGemm | None = None,
-                 kernel_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x W^T + b: through lab's own CPU GEMM where the weight is packed for it (`kernel`,
-    `kernel_weight`: kernel_pack), eager and compiled alike (an opaque op), else through the
-    oneDNN-prepacked weight (`packed`). Under torch.compile the oneDNN case is F.linear:
-    inductor packs the weight for oneDNN itself (freezing) and fuses the pointwise op that
-    follows; it cannot take a weight packed outside the graph."""
+                 kernel: Any = None, packed: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x W^T + b: through `kernel.gemm(x, packed, weight, bias)` where the kernels option
+    packed the weight for one (`LayerOps.pack_linear`; e.g. kernels=cpu's C++ GEMMs, opaque ops
+    under torch.compile), else F.linear."""
     if kernel is not None:
-        return kernel.gemm(x, kernel_weight, weight, bias)
-    if packed is not None and not torch.compiler.is_compiling():
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        return kernel.gemm(x, packed, weight, bias)
     return F.linear(x, weight, bias)
 
 
 class UnquantizedLinearMethod:
-    """The default linear method: a dense weight [out, in] (and optional bias), y = x W^T + b."""
+    """The default linear method: a dense weight [out, in] (and optional bias), y = x W^T + b.
+
+    `ops`: the run's kernels option, which may pack the loaded weight for a kernel of its own
+    (`LayerOps.pack_linear`); None (a layer built outside a model load) is F.linear. The quant
+    config hands every dense layer a method bound to the run's ops (lab/quant/base.py)."""
+
+    def __init__(self, ops: LayerOps | None = None) -> None:
+        self.ops = ops
 
     def create_weights(
         self, layer: nn.Module, input_size: int, output_sizes: Sequence[int], bias: bool,
@@ -129,14 +95,14 @@ class UnquantizedLinearMethod:
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The layer's forward."""
-        return dense_linear(x, layer.weight, layer.bias, getattr(layer, "packed_weight", None),
-                            getattr(layer, "kernel", None), getattr(layer, "kernel_weight", None))
+        return dense_linear(x, layer.weight, layer.bias, getattr(layer, "kernel", None),
+                            getattr(layer, "kernel_weight", None))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """On CPU, prepack the weight: for lab's own GEMM where one takes it (`kernel_pack`:
-        `layer.kernel`, `layer.kernel_weight`), else for oneDNN (`onednn_pack`)."""
-        layer.kernel, layer.kernel_weight = kernel_pack(layer.weight)
-        layer.packed_weight = None if layer.kernel is not None else onednn_pack(layer.weight)
+        """Let the kernels option pack the weight (`layer.kernel`, `layer.kernel_weight`; both
+        None: F.linear). The dense weight is kept: later passes (e.g. MLA absorption) read it."""
+        packer = self.ops.pack_linear if self.ops is not None else (lambda w: (None, None))
+        layer.kernel, layer.kernel_weight = packer(layer.weight)
 
 
 def divide(numerator: int, tp_size: int, what: str) -> int:

@@ -1,20 +1,36 @@
-"""The `kernels` config group: which implementation the model's norm, rotary, activation and MoE use.
+"""The `kernels` config group: which implementation the model's norm, rotary, activation, MoE,
+dense linears and the sampler's argmax use.
 
 The quantized GEMMs of lab/quant (int8 / fp8 W8A8, int4 weight-only) go through the same
 object, so `kernels=torch` runs each method on its PyTorch reference and `kernels=triton` on
 its Triton kernel; a quant method never picks an implementation itself.
 
-Every op is one row of `OPS`: its name, its contract, and where its two implementations live
-(each Triton kernel sits beside its PyTorch reference in lab/kernels/*.py). A `LayerOps` binds
-one column of that table to its attributes; it is built once (Hydra: `lab/conf/kernels/*.yaml`) and
-handed to the model, whose RMSNorm / RotaryEmbedding / SiluAndMul layers hold a reference to it
-(no globals):
+Every Triton-backed op is one row of `OPS`: its name, its contract, and where its two
+implementations live (each Triton kernel sits beside its PyTorch reference in
+lab/kernels/*.py). A `LayerOps` binds one column of that table to its attributes; it is built
+once (Hydra: `lab/conf/kernels/*.yaml`) and handed to the model, whose RMSNorm /
+RotaryEmbedding / SiluAndMul layers hold a reference to it (no globals). Beside the table, three
+hooks, PyTorch references here, which the C++ CPU option overrides:
 
-    torch   TorchOps   the `*_ref` functions: HF's numerics step by step (anywhere, bf16 included)
-    triton  TritonOps  the Triton kernels of lab/kernels (CUDA; on CPU: interpreter, fp32/fp16)
-    auto    auto_ops   TritonOps when the run's device is CUDA, else TorchOps
+    setup(device, dtype)   build or load what the ops need; the Worker calls it before the model
+                           loads, so no kernel is built inside a request (references: nothing)
+    pack_linear(weight)    (kernel, packed weight) for a dense linear after loading, or
+                           (None, None): F.linear (lab/layers/linear.py)
+    argmax_rows(x)         the sampler's greedy pick: `x.max(dim=-1).indices`
 
-Both produce HF's roundings (see each kernel's docstring), so switching keeps parity.
+The options:
+
+    torch   TorchOps   the `*_ref` functions: HF's numerics step by step (anywhere, bf16
+                       included), F.linear, torch's argmax: no packing, nothing built
+    triton  TritonOps  the Triton kernels of lab/kernels (CUDA; on CPU: interpreter, fp32/fp16);
+                       linears and argmax as torch
+    cpu     CPUOps     lab/layers/cpu_ops.py: the torch references for the table, and on a CPU
+                       lab's C++ GEMMs / argmax and oneDNN-prepacked weights
+    auto    auto_ops   TritonOps when the run's device is CUDA, else its `cpu` option (kernels=cpu
+                       that falls back to a kernel's reference where the kernel cannot be built)
+
+All produce HF's roundings for the table's ops (see each kernel's docstring), so switching keeps
+parity; the C++ GEMMs sum in their own order (lab/kernels/cpu_gemm.py, cpu_sgemm.py).
 """
 
 from __future__ import annotations
@@ -25,6 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from lab.kernels.cpu_argmax import argmax_rows_ref
 
 IMPLS = ("torch", "triton")
 
@@ -129,6 +147,20 @@ class LayerOps:
         for op in OPS:
             setattr(self, op.name, LazyImpl(op, impl))
 
+    def setup(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Build or load what these ops need to run a `dtype` model on `device`, before the model
+        loads (the Worker calls it; nothing here: the references need nothing)."""
+
+    def pack_linear(self, weight: torch.Tensor) -> tuple[Any, torch.Tensor | None]:
+        """(kernel, packed weight) for a dense linear's loaded weight [out, in], or (None, None)
+        for F.linear (the reference, here). A kernel has `gemm(x, packed, weight, bias)`."""
+        return None, None
+
+    def argmax_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The first index of each row's largest value, a NaN counting as the largest (the
+        sampler's greedy pick; the reference, here: torch's)."""
+        return argmax_rows_ref(x)
+
     def resolve_all(self) -> None:
         """Import every op's implementation now (torch.compile cannot trace the lazy import of
         a first call; lab/compile resolves them before tracing)."""
@@ -147,15 +179,19 @@ class TorchOps(LayerOps):
 
 
 class TritonOps(LayerOps):
-    """The Triton kernels (`kernels=triton`). Importing them switches Triton to its interpreter
-    when there is no CUDA; bf16 there raises ValueError (the interpreter has no bf16 arithmetic)."""
+    """The Triton kernels (`kernels=triton`). Without CUDA they run in Triton's interpreter (the
+    run switches it on: lab.kernels.use_interpreter_without_cuda); bf16 there raises ValueError
+    (the interpreter has no bf16 arithmetic)."""
 
     def __init__(self) -> None:
         super().__init__("triton")
 
 
-def auto_ops(device: str = "auto") -> LayerOps:
-    """TritonOps when the run's device is CUDA (`auto`: when CUDA is available), else TorchOps."""
+def auto_ops(device: str = "auto", cpu: LayerOps | None = None) -> LayerOps:
+    """TritonOps when the run's device is CUDA (`auto`: when CUDA is available), else `cpu` (the
+    option lab/conf/kernels/auto.yaml gives: kernels=cpu with `fallback: true`; None: TorchOps)."""
     device = str(device)
     cuda = torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
-    return TritonOps() if cuda else TorchOps()
+    if cuda:
+        return TritonOps()
+    return cpu if cpu is not None else TorchOps()

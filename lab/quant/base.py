@@ -13,7 +13,8 @@ Flow (lab/models/loader.py `load_model`):
 
     model = cls(hf_config, backend, ops, tp)      # every Linear starts unquantized
     quant = quant.bind(hf_config, ops)            # a copy: the kernels + the checkpoint's check
-    quant.quantize_model(model)                   # Linear.set_quant_method(method_for(name, layer))
+    quant.quantize_model(model)                   # Linear.set_quant_method(method_for(name, layer));
+                                                  # dense layers: UnquantizedLinearMethod(ops)
     model.load_weights(...)                       # params (and per-shard scales) filled
     method.process_weights_after_loading(layer)   # online methods quantize here
 
@@ -164,6 +165,7 @@ class QuantConfig:
                 module.set_quant_method(method)
             key = type(method).__name__ if method is not None else "dense"
             counts[key] = counts.get(key, 0) + 1
+        bind_dense_methods(model, self.ops)
         log.info("quant=%s: %s", self.name, ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
 
     def _set_experts(self, prefix: str, module: nn.Module) -> str:
@@ -182,6 +184,15 @@ class QuantConfig:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(experts={self.experts})"
+
+
+def bind_dense_methods(model: nn.Module, ops: LayerOps) -> None:
+    """Give every layer that holds the default UnquantizedLinearMethod (the dense linears, the
+    LM head) one bound to the run's kernels option, which packs its weight after loading where
+    it has a kernel for it (`LayerOps.pack_linear`)."""
+    for module in model.modules():
+        if type(getattr(module, "quant_method", None)) is UnquantizedLinearMethod:
+            module.quant_method = UnquantizedLinearMethod(ops)
 
 
 def abs_amax(t: torch.Tensor, per_row: bool) -> torch.Tensor:

@@ -1,11 +1,12 @@
-"""quant=none: every linear keeps `UnquantizedLinearMethod` (dense weight in the model dtype)."""
+"""quant=none: every linear keeps `UnquantizedLinearMethod` (dense weight in the model dtype),
+bound to the run's kernels option."""
 
 from __future__ import annotations
 
 from torch import nn
 
 from lab.layers.linear import Linear
-from lab.quant.base import QuantConfig, QuantMethod
+from lab.quant.base import QuantConfig, QuantMethod, bind_dense_methods
 
 
 class NoQuantConfig(QuantConfig):
@@ -20,4 +21,5 @@ class NoQuantConfig(QuantConfig):
         return None
 
     def quantize_model(self, model: nn.Module) -> None:
-        """Nothing to do: layers keep the default UnquantizedLinearMethod."""
+        """Every layer keeps the default UnquantizedLinearMethod, bound to the run's kernels."""
+        bind_dense_methods(model, self.ops)

@@ -8,16 +8,18 @@ argmax-invariant processors -> min-p -> top-k -> top-p -> exponential-race sampl
 where(greedy, ...) -> the logprobs of the sampled tokens and the top-k.
 Every stage is vectorised over the batch; the only Python loop runs over seeded rows' generators.
 Masked tokens get logit -inf, so their probability is exactly zero and they are never sampled.
+The argmax (greedy rows, the exponential race) is the kernels option's (`LayerOps.argmax_rows`,
+given by the model runner; the reference, `x.max(dim=-1).indices`, without one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from lab.kernels import cpu_argmax
+from lab.kernels.cpu_argmax import argmax_rows_ref
 from lab.logits_processors.base import LogitsProcessor
 from lab.sampling.metadata import SamplingMetadata
 
@@ -78,20 +80,12 @@ def exponential_noise(
     return q.clamp_(min=torch.finfo(q.dtype).tiny)
 
 
-def row_argmax(x: torch.Tensor) -> torch.Tensor:
-    """argmax over the last dim, the first index on ties (as torch.argmax). An fp32 CPU matrix
-    goes to lab's C++ kernel (lab/kernels/cpu_argmax.py, where built); anything else through
-    `max(dim).indices`, which on the CPU is ~3x faster than argmax's ([16, 16384] fp32: 70 vs
-    200 us, a greedy decode step's whole sampling; the kernel: ~15 us)."""
-    if cpu_argmax.supports(x) and cpu_argmax.available():
-        return cpu_argmax.argmax_rows(x)
-    return cpu_argmax.argmax_rows_ref(x)
-
-
-def random_sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+def random_sample(probs: torch.Tensor, generators: list[torch.Generator | None],
+                  argmax: Callable[[torch.Tensor], torch.Tensor] = argmax_rows_ref
+                  ) -> torch.Tensor:
     """The exponential race: argmax(probs / q), q ~ Exp(1), is an exact draw from `probs`."""
     q = exponential_noise(probs, generators)
-    return row_argmax(probs / q)
+    return argmax(probs / q)
 
 
 @dataclass
@@ -126,10 +120,14 @@ def gather_logprobs(logprobs: torch.Tensor, k: int, token_ids: torch.Tensor) -> 
 
 class Sampler:
     """Samples one token id per row from float32 logits [B, V] under per-row SamplingMetadata,
-    after the batch-level logits processors (their state is the model runner's business)."""
+    after the batch-level logits processors (their state is the model runner's business).
+    `argmax`: the row argmax, the first index on ties, NaN largest (the kernels option's
+    `argmax_rows`; default the reference)."""
 
-    def __init__(self, processors: Sequence[LogitsProcessor] = ()) -> None:
+    def __init__(self, processors: Sequence[LogitsProcessor] = (),
+                 argmax: Callable[[torch.Tensor], torch.Tensor] = argmax_rows_ref) -> None:
         self.processors = list(processors)
+        self.argmax = argmax
         self.argmax_changing = [p for p in self.processors if not p.is_argmax_invariant()]
         self.argmax_invariant = [p for p in self.processors if p.is_argmax_invariant()]
 
@@ -151,11 +149,11 @@ class Sampler:
     def sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """Greedy rows take the argmax; random rows draw from the processed distribution."""
         if meta.all_greedy:
-            return row_argmax(logits)
-        sampled = random_sample(self.probs(logits, meta), meta.generators)
+            return self.argmax(logits)
+        sampled = random_sample(self.probs(logits, meta), meta.generators, self.argmax)
         if meta.all_random:
             return sampled
-        return torch.where(meta.is_greedy, row_argmax(logits), sampled)
+        return torch.where(meta.is_greedy, self.argmax(logits), sampled)
 
     def process_logits(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """Temperature, argmax-invariant processors, then min-p, top-k, top-p (skipping stages

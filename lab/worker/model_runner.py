@@ -39,6 +39,8 @@ from lab.config.knobs import EngineKnobs
 from lab.core.logprobs import LogprobsLists
 from lab.core.step import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lab.distributed.parallel_state import GroupCoordinator
+from lab.kernels.cpu_argmax import argmax_rows_ref
+from lab.layers.ops import LayerOps
 from lab.logits_processors.base import LogitsProcessor
 from lab.sampling.metadata import make_generator
 from lab.sampling.sampler import LogprobsTensors, Sampler
@@ -67,12 +69,13 @@ class ModelRunner:
         block_size: int, max_num_reqs: int, max_model_len: int,
         logits_processors: Sequence[LogitsProcessor] = (), tp: GroupCoordinator | None = None,
         max_num_tokens: int | None = None, cudagraph_sizes: Sequence[int] = (),
-        ubatch: UbatchKnobs | None = None,
+        ubatch: UbatchKnobs | None = None, ops: LayerOps | None = None,
     ) -> None:
         """`max_num_tokens`: the most tokens of one step (max_num_batched_tokens; None:
         max_model_len); `cudagraph_sizes`: the decode sizes to pad to (resolved already,
         lab/worker/cudagraph.py; () = never pad); `ubatch`: when an eager step runs as two
-        micro-batches (lab/worker/ubatch.py; off by default)."""
+        micro-batches (lab/worker/ubatch.py; off by default); `ops`: the kernels option, whose
+        `argmax_rows` the sampler uses (None: the reference)."""
         self.model = model
         self.tp = tp or GroupCoordinator.single()
         # only the TP group's first rank samples: the others keep no processor state
@@ -102,7 +105,8 @@ class ModelRunner:
         self.kv_scales: KVScales | None = None  # an fp8 cache's scales, calibrated on first write
         self.swapper: BlockSwapper | None = None
         self.processors = list(logits_processors) if self.samples else []
-        self.sampler = Sampler(self.processors)
+        self.sampler = Sampler(self.processors,
+                               argmax=ops.argmax_rows if ops is not None else argmax_rows_ref)
 
     def initialize_cache(self, kv_cache: KVCache, swapper: BlockSwapper | None = None) -> None:
         """Hold the cache the backend allocated (its layers and, for fp8, its scales), and

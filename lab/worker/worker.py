@@ -30,7 +30,7 @@ from lab.distributed.parallel_state import (
     init_parallel_state,
     single_process_state,
 )
-from lab.kernels import warn_if_interpreted
+from lab.kernels import use_interpreter_without_cuda, warn_if_interpreted
 from lab.layers.ops import LayerOps
 from lab.logits_processors.base import LogitsProcessorContext
 from lab.models.loader import load_model, resolve_dtype
@@ -53,6 +53,7 @@ class Worker:
         CUDA; a CPU sizes its cache from cpu_kv_cache_gb instead); tests pass a fake.
         `cpu_threads`: torch's threads when this worker runs on the CPU (a rank's share of the
         cores; None keeps torch's setting)."""
+        use_interpreter_without_cuda()  # Triton's interpreter where there is no CUDA
         self.config = config
         self.rank = rank
         self.device = rank_device(config.knobs.device, rank, config.parallel.world_size)
@@ -106,12 +107,22 @@ class Worker:
 
         hf_config = AutoConfig.from_pretrained(model_path)
         self.dtype = resolve_dtype(dtype, hf_config, self.device)
+        self._set_up_kernels(ops)
         self.model, self.hf_config = load_model(
             model_path, self.attn_backend, self.dtype, self.device, ops, self.quant,
             tp=self.state.tp, expert_parallel=self.config.knobs.expert_parallel)
         self.weight_bytes = weight_bytes(self.model)
         log.info("model weights: %.2f MiB (quant=%s)", self.weight_bytes / 2**20,
                  getattr(self.quant, "name", "none"))
+
+    def _set_up_kernels(self, ops: LayerOps) -> None:
+        """Build or load every kernel the kernels option and the attention backend need (lab's
+        C++ CPU kernels: lab/kernels/cpu_ext.py), before the model loads and so before the
+        engine reports ready: no request waits for a build."""
+        start = time.perf_counter()
+        ops.setup(self.device, self.dtype)
+        self.attn_backend.setup(self.device)
+        log.debug("kernels set up in %.1f s", time.perf_counter() - start)
 
     def model_info(self) -> ModelInfo:
         return ModelInfo.of(self.hf_config, self.bytes_per_block, self.weight_bytes,
@@ -183,7 +194,8 @@ class Worker:
                              self.max_num_seqs, max_model_len, self._logits_processors(),
                              tp=self.state.tp,
                              max_num_tokens=max_num_tokens or self.max_num_batched_tokens,
-                             cudagraph_sizes=self.cudagraph_sizes, ubatch=self.config.knobs)
+                             cudagraph_sizes=self.cudagraph_sizes, ubatch=self.config.knobs,
+                             ops=self.ops)
         runner.initialize_cache(self.attn_backend.allocate_kv_cache(
             self.kv_spec, num_blocks, self.model.num_layers, self.device))
         return runner

@@ -1,6 +1,7 @@
 """attention=cpu: decode steps through the C++ kernel equal attention=torch (output and cache);
-other steps are attention=torch's; without the kernel it says so once and runs the torch path;
-an engine with it generates attention=torch's greedy tokens (fp32), padded decode included."""
+other steps are attention=torch's; the kernel is loaded by setup (before the engine is ready),
+never by a step; without the kernel it says so once and runs the torch path; an engine with it
+generates attention=torch's greedy tokens (fp32), padded decode included."""
 
 import logging
 
@@ -25,6 +26,12 @@ def has_kernel() -> bool:
         return False
 
 
+def _backend() -> CPUAttentionBackend:
+    backend = CPUAttentionBackend()
+    backend.setup(torch.device("cpu"))
+    return backend
+
+
 def _step(num_computed: list[int], query_lens: list[int], dtype=torch.float32):
     return paged_step(num_computed, query_lens, d=D, dtype=dtype)
 
@@ -38,7 +45,7 @@ def _run(backend, step):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_equals_the_torch_backend(has_kernel, dtype):
     step = _step([5, 9, 2], [1, 1, 1], dtype)
-    backend = CPUAttentionBackend()
+    backend = _backend()
     out, cache = _run(backend, step)
     want, want_cache = _run(TorchAttentionBackend(), step)
     assert backend.kernel_ok is has_kernel
@@ -47,10 +54,21 @@ def test_decode_equals_the_torch_backend(has_kernel, dtype):
     torch.testing.assert_close(out, want, **tol)
 
 
+def test_a_decode_step_never_builds_the_kernel(monkeypatch):
+    """Without setup (which the Worker runs before the engine is ready) a decode step refuses to
+    run instead of building the kernel inside a request; a CUDA device builds nothing."""
+    monkeypatch.setattr(kernel, "load", lambda: pytest.fail("built inside a step"))
+    with pytest.raises(RuntimeError, match=r"setup\(device\) was not called"):
+        _run(CPUAttentionBackend(), _step([5, 9], [1, 1]))
+    backend = CPUAttentionBackend()
+    backend.setup(torch.device("cuda"))
+    assert backend.kernel_ok is False
+
+
 def test_mixed_steps_and_prefills_after_a_cache_hit_are_the_torch_backends():
     for computed, qlens in (([4, 0], [1, 5]), ([8, 3], [4, 2])):
         step = _step(computed, qlens)
-        (out, cache), (want, want_cache) = _run(CPUAttentionBackend(), step), _run(
+        (out, cache), (want, want_cache) = _run(_backend(), step), _run(
             TorchAttentionBackend(), step)
         assert torch.equal(out, want) and torch.equal(cache, want_cache)
 
@@ -62,7 +80,7 @@ def test_fresh_prefills_attend_over_their_own_rows_as_the_torch_backend(qlens, d
     per request): the same cache and, to rounding, the same output as attention=torch's
     padded, masked SDPA over the gathered cache; no torch metadata is built."""
     step = _step([0] * len(qlens), qlens, dtype)
-    backend = CPUAttentionBackend()
+    backend = _backend()
     inputs, q, k, v, cache = step
     md = backend.build_metadata(inputs)
     cache = cache.clone()
@@ -79,9 +97,9 @@ def test_without_the_kernel_it_warns_once_and_runs_the_torch_path(monkeypatch, c
         raise kernel.CPUKernelUnavailable("no C++ compiler")
 
     monkeypatch.setattr(kernel, "load", unavailable)
-    backend = CPUAttentionBackend()
     step = _step([5, 9], [1, 1])
     with caplog.at_level(logging.WARNING, logger="lab.attention.cpu_backend"):
+        backend = _backend()
         outs = [_run(backend, step) for _ in range(2)]
     assert [r.message for r in caplog.records] == [
         "attention=cpu runs attention=torch's decode path: no C++ compiler"]
@@ -108,7 +126,7 @@ def test_decode_metadata_is_deferred_until_a_layer_needs_it(has_kernel):
     """A pure-decode step builds no attention=torch metadata unless a layer the kernel does not
     take asks for it (here fp16, which the kernel does not take): then it equals the torch
     backend's."""
-    backend = CPUAttentionBackend()
+    backend = _backend()
     inputs, q, k, v, cache = _step([5, 9, 2], [1, 1, 1])
     md = backend.build_metadata(inputs)
     backend.forward(0, q, k, v, cache.clone(), md, D ** -0.5)

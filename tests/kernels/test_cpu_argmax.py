@@ -1,12 +1,16 @@
 """The C++ row argmax (lab/kernels/cpu_argmax.cpp) equals its reference, x.max(dim=-1).indices:
 the first index on ties, a NaN counting as the largest (its first one), every row length
-(vector body and scalar tail), strided rows; the sampler's greedy pick goes through it."""
+(vector body and scalar tail), strided rows; kernels=cpu's argmax (the sampler's greedy pick)
+goes through it for fp32 CPU logits, the reference for anything else."""
 
 import pytest
 import torch
 
+from lab.core.sampling_params import SamplingParams
 from lab.kernels import cpu_argmax
-from lab.sampling.sampler import row_argmax
+from lab.layers.cpu_ops import CPUOps
+from lab.sampling.metadata import SamplingMetadata
+from lab.sampling.sampler import Sampler
 
 pytestmark = pytest.mark.skipif(not cpu_argmax.available(),
                                 reason="the CPU argmax kernel could not be built here")
@@ -40,10 +44,15 @@ def test_strided_rows_and_refusals():
         cpu_argmax.argmax_rows(base.t())
 
 
-def test_the_sampler_uses_it(monkeypatch):
+def test_the_cpu_options_argmax_uses_it(monkeypatch):
     calls = []
     real = cpu_argmax.argmax_rows
     monkeypatch.setattr(cpu_argmax, "argmax_rows", lambda x: calls.append(1) or real(x))
+    ops = CPUOps(argmax=cpu_argmax.CPUArgmax())
+    ops.setup(torch.device("cpu"), torch.float32)
     x = torch.randn(3, 50)
-    assert torch.equal(row_argmax(x), x.argmax(-1)) and calls
-    assert torch.equal(row_argmax(x.double()), x.double().argmax(-1)) and len(calls) == 1
+    assert torch.equal(ops.argmax_rows(x), x.argmax(-1)) and calls
+    assert torch.equal(ops.argmax_rows(x.double()), x.double().argmax(-1)) and len(calls) == 1
+    greedy = SamplingMetadata.from_params([SamplingParams(temperature=0.0)] * 3, None, "cpu")
+    assert torch.equal(Sampler(argmax=ops.argmax_rows)(x, greedy), x.argmax(-1))
+    assert len(calls) == 2

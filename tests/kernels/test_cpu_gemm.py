@@ -1,12 +1,13 @@
 """The AMX bf16 GEMM (lab/kernels/cpu_gemm.cpp) equals its reference (F.linear in fp32, rounded
 once) over decode-sized and prefill-sized row counts, tails of the 64-column groups, bias,
-strided rows; bad input is refused naming it; the linear layers pack for it on bf16 and it
-traces under torch.compile as one opaque op. Skipped where the CPU has no AMX-BF16."""
+strided rows; bad input is refused naming it; kernels=cpu's linears pack bf16 weights for it and
+it traces under torch.compile as one opaque op. Skipped where the CPU has no AMX-BF16."""
 
 import pytest
 import torch
 
 from lab.kernels import cpu_gemm
+from lab.layers.cpu_ops import CPUOps, OneDNNGemm
 from lab.layers.linear import Linear, UnquantizedLinearMethod
 
 pytestmark = pytest.mark.skipif(not cpu_gemm.available(),
@@ -62,24 +63,26 @@ def test_bad_input_is_refused_naming_it():
 
 
 def _linear(dtype, n=80, k=96):
-    layer = Linear(k, n, bias=True, params_dtype=dtype)
+    """A linear with kernels=cpu's bf16 slot, then oneDNN for any weight (no size threshold)."""
+    ops = CPUOps({"bf16": cpu_gemm.AMXGemm(), "onednn": OneDNNGemm()})
+    ops.setup(torch.device("cpu"), dtype)
+    layer = Linear(k, n, bias=True, params_dtype=dtype, quant_method=UnquantizedLinearMethod(ops))
     with torch.no_grad():
         layer.weight.normal_()
         layer.bias.normal_()
-    assert isinstance(layer.quant_method, UnquantizedLinearMethod)
     layer.quant_method.process_weights_after_loading(layer)
     return layer
 
 
 def test_linear_packs_bf16_for_amx_and_fp32_for_onednn():
     layer = _linear(torch.bfloat16)
-    assert layer.kernel is cpu_gemm.OP and layer.packed_weight is None
+    assert isinstance(layer.kernel, cpu_gemm.AMXGemm)
     x = torch.randn(7, 96).bfloat16()
     torch.testing.assert_close(layer(x).float(),
                                cpu_gemm.gemm_ref(x, layer.weight, layer.bias).float(),
                                atol=2e-2, rtol=1.6e-2)
-    assert _linear(torch.float32).kernel is not cpu_gemm.OP
-    assert _linear(torch.bfloat16, n=40).kernel is None  # N % 16 != 0: oneDNN
+    assert isinstance(_linear(torch.float32).kernel, OneDNNGemm)
+    assert isinstance(_linear(torch.bfloat16, n=40).kernel, OneDNNGemm)  # N % 16 != 0
 
 
 def test_traces_as_one_opaque_op_with_a_symbolic_row_count():
@@ -102,10 +105,8 @@ def test_traces_as_one_opaque_op_with_a_symbolic_row_count():
 def test_nothing_is_built_on_a_cpu_without_amx(monkeypatch):
     built = []
     monkeypatch.setattr(cpu_gemm, "cpu_flags", lambda: "flags : fpu sse2 avx2 avx512f")
+    monkeypatch.setattr(cpu_gemm.EXTENSION, "module", None)
     monkeypatch.setattr(cpu_gemm.EXTENSION, "build", lambda: built.append(1))
-    cpu_gemm.available.cache_clear()
-    try:
-        assert not cpu_gemm.available() and not built
-        assert cpu_gemm.try_pack(torch.zeros(64, 64).bfloat16()) is None
-    finally:
-        cpu_gemm.available.cache_clear()
+    kernel = cpu_gemm.AMXGemm()
+    assert not kernel.setup() and not built
+    assert not kernel.takes(torch.zeros(64, 64).bfloat16())

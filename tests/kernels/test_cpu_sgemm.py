@@ -1,14 +1,16 @@
 """lab's fp32 GEMM on a packed weight (lab/kernels/cpu_sgemm.cpp) equals its reference (F.linear)
 over the row counts a packed weight serves (1 to 127) and past them (at::linear), bias, strided
-rows; bad input is refused naming it; the linear layers pack fp32 weights for it and it traces
-under torch.compile as one opaque op. The ordered kernel sums in its layout's order bit for bit
-(a PyTorch emulation of that order), and pack() keeps it only in the first layout that gives
-F.linear's bits, else MKL's packed sgemm. Skipped where torch has no MKL."""
+rows, on MKL's packing and the ordered kernel's; bad input is refused naming it; kernels=cpu's
+linears pack fp32 weights for MKL's packed sgemm by default (the ordered kernel is opt-in) and it
+traces under torch.compile as one opaque op. The ordered kernel sums in its layout's order bit
+for bit (a PyTorch emulation of that order), and pack() keeps it only in the first layout that
+gives F.linear's bits, else MKL's packed sgemm. Skipped where torch has no MKL."""
 
 import pytest
 import torch
 
 from lab.kernels import cpu_sgemm
+from lab.layers.cpu_ops import CPUOps
 from lab.layers.linear import Linear, UnquantizedLinearMethod
 
 pytestmark = pytest.mark.skipif(not cpu_sgemm.available(),
@@ -23,13 +25,14 @@ def _weights(n: int, k: int, bias: bool, seed: int = 0):
 @pytest.mark.parametrize("m", [0, 1, 3, 16, 17, 64, 127, 128, 200])
 @pytest.mark.parametrize(("n", "k"), [(8, 8), (48, 96), (520, 136)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemm_equals_reference(m, n, k, bias):
+@pytest.mark.parametrize("pack", [cpu_sgemm.pack_mkl, cpu_sgemm.pack], ids=["mkl", "ordered"])
+def test_gemm_equals_reference(m, n, k, bias, pack):
     """Rows: fewer than the 16 the weight is packed for, 16, more (17-127: the same packed
     weight), and from 128 on (at::linear on the dense weight)."""
     w, b = _weights(n, k, bias, seed=m + n + k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     b_in = None if b is None else b.clone()
-    got = cpu_sgemm.gemm(x, cpu_sgemm.pack(w), w, b)
+    got = cpu_sgemm.gemm(x, pack(w), w, b)
     assert got.shape == (m, n) and got.dtype == torch.float32
     assert b is None or torch.equal(b, b_in)  # the output starts as a copy, never the bias itself
     torch.testing.assert_close(got, cpu_sgemm.gemm_ref(x, w, b), atol=1e-4, rtol=1e-5)
@@ -60,16 +63,19 @@ def test_bad_input_is_refused_naming_it():
     assert not cpu_sgemm.supports(w.t())
 
 
-def test_linear_layers_pack_fp32_weights_for_it():
-    """From 512 x 512 elements (smaller ones stay F.linear), fp32 only; the layer's output is
-    F.linear's."""
-    method = UnquantizedLinearMethod()
+def test_linear_layers_pack_fp32_weights_for_mkl():
+    """From min_elements (smaller ones stay F.linear), fp32 only, MKL's packing by default; the
+    layer's output is F.linear's."""
+    ops = CPUOps({"fp32": cpu_sgemm.MKLGemm(min_elements=512 * 512)})
+    ops.setup(torch.device("cpu"), torch.float32)
+    method = UnquantizedLinearMethod(ops)
     big, small = Linear(512, 512, bias=True), Linear(64, 64)
     torch.nn.init.normal_(big.bias)
     for layer in (big, small):
         torch.nn.init.normal_(layer.weight)
         method.process_weights_after_loading(layer)
-    assert big.kernel is cpu_sgemm.OP and big.packed_weight is None
+    assert isinstance(big.kernel, cpu_sgemm.MKLGemm) and cpu_sgemm.describe(
+        big.kernel_weight) == "mkl"
     assert small.kernel is None
     x = torch.randn(5, 512)
     torch.testing.assert_close(big(x), cpu_sgemm.gemm_ref(x, big.weight, big.bias), atol=1e-4,

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
+from lab.config.compose import compose_config
 from lab.layers.activation import SiluAndMul
+from lab.layers.cpu_ops import CPUOps
 from lab.layers.norm import RMSNorm
 from lab.layers.ops import OPS, LayerOps, TorchOps, TritonOps, auto_ops
 from lab.layers.rotary import RotaryEmbedding
@@ -23,7 +24,6 @@ from tests.kernels.sm90 import compile_for_sm90
 from tests.models.conftest import DenseCausalBackend, run_model
 from tests.options import options, tiny_models
 
-CONF = Path(__file__).resolve().parents[2] / "lab" / "conf" / "kernels"
 IDS = [0, 17, 42, 99, 3, 250, 7, 7, 311, 64, 5, 128, 200, 9]
 
 
@@ -78,37 +78,46 @@ def test_each_op_binds_a_reference_and_a_kernel_of_one_signature(op):
 
 
 def test_auto_ops_follows_the_device():
-    assert isinstance(auto_ops("cpu"), TorchOps)
-    assert isinstance(auto_ops("cuda:0"), TritonOps)
+    cpu = CPUOps()
+    assert auto_ops("cpu", cpu) is cpu and isinstance(auto_ops("cpu"), TorchOps)
+    assert isinstance(auto_ops("cuda:0", cpu), TritonOps)
     assert isinstance(auto_ops(), TritonOps if torch.cuda.is_available() else TorchOps)
 
 
-ON_CPU = {"torch": TorchOps, "triton": TritonOps, "auto": TorchOps}  # auto: see the next test
+ON_CPU = {"torch": TorchOps, "triton": TritonOps, "auto": CPUOps, "cpu": CPUOps}
 
 
 @pytest.mark.parametrize("option", options("kernels"))
 def test_kernels_configs_instantiate(option):
-    cfg = OmegaConf.create({"device": "cpu", "kernels": OmegaConf.load(CONF / f"{option}.yaml")})
-    ops = instantiate(cfg.kernels)
+    ops = instantiate(compose_config([f"kernels={option}", "device=cpu"]).kernels)
     assert isinstance(ops, ON_CPU.get(option, LayerOps))
 
 
 def test_auto_config_reads_the_run_device():
-    cfg = OmegaConf.create({"device": "cpu", "kernels": OmegaConf.load(CONF / "auto.yaml")})
-    assert isinstance(instantiate(cfg.kernels), TorchOps)
-    cfg.device = "cuda"
-    assert isinstance(instantiate(cfg.kernels), TritonOps)
+    """On a CPU, auto is kernels=cpu's option falling back to the references where a kernel
+    cannot be built; on CUDA, Triton."""
+    ops = instantiate(compose_config(["device=cpu"]).kernels)
+    assert isinstance(ops, CPUOps) and ops.fallback
+    explicit = instantiate(compose_config(["kernels=cpu"]).kernels)
+    assert repr(ops) == repr(explicit).replace("fallback=False", "fallback=True")
+    assert isinstance(instantiate(compose_config(["device=cuda"]).kernels), TritonOps)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter switch is for CPU-only hosts")
-def test_interpreter_switch_survives_an_earlier_triton_import():
-    """torch._dynamo imports triton before lab.kernels sets TRITON_INTERPRET: tl.sum must still work."""
+def test_importing_kernels_changes_no_environment_and_the_switch_rewraps_earlier_imports():
+    """Importing lab.kernels (and kernel modules, and the references' users) leaves os.environ
+    as it was; `use_interpreter_without_cuda()`, called after triton.language (torch._dynamo
+    imports it) and a kernel module were imported, still makes that kernel run (tl.sum too)."""
     code = (
-        "import triton.language, torch\n"
+        "import os, triton.language, torch\n"
+        "before = dict(os.environ)\n"
+        "import lab.kernels, lab.kernels.rmsnorm, lab.layers.ops, lab.attention.torch_backend\n"
+        "assert dict(os.environ) == before, 'an import changed os.environ'\n"
+        "from lab.kernels import use_interpreter_without_cuda, warn_if_interpreted\n"
+        "assert use_interpreter_without_cuda() and os.environ['TRITON_INTERPRET'] == '1'\n"
         "from lab.kernels.rmsnorm import rms_norm, rms_norm_ref\n"
         "x, w = torch.randn(3, 48), torch.rand(48)\n"
         "torch.testing.assert_close(rms_norm(x, w, 1e-6), rms_norm_ref(x, w, 1e-6))\n"
-        "from lab.kernels import warn_if_interpreted\n"
         "assert warn_if_interpreted()\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

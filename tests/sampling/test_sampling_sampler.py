@@ -139,10 +139,10 @@ def test_exponential_race_detects_wrong_distribution() -> None:
     assert _chi_square(tokens, torch.softmax(_RACE_LOGITS, dim=-1)) < _CHI2_CRIT_DF5
 
 
-def test_row_argmax_is_torch_argmax_with_ties_and_nan():
-    """The greedy pick (max(dim).indices, faster on the CPU) is torch.argmax's: the first index
-    on ties, a NaN row's NaN, -inf rows index 0; on rounded logits full of ties too."""
-    from lab.sampling.sampler import row_argmax
+def test_the_argmax_reference_is_torch_argmax_with_ties_and_nan():
+    """The greedy pick's reference (max(dim).indices, faster on the CPU) is torch.argmax's: the
+    first index on ties, a NaN row's NaN, -inf rows index 0; on rounded logits full of ties too."""
+    row_argmax = sampler.argmax
 
     x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [float("-inf")] * 4,
                       [0.0, float("nan"), 5.0, float("nan")]])
