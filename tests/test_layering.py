@@ -4,7 +4,8 @@ function is a deliberate late import and does not count):
 - no package-level import cycle inside lab/ (package A imports B and B imports A, or longer);
 - lab.core is the torch-free vocabulary: it imports no torch and no other lab package;
 - the scheduler, the KV cache and the config package import no torch;
-- lab.kernels is a leaf: it imports no other lab package;
+- lab.kernels is a leaf: it imports no other lab package, not even inside a function (the fp8-KV
+  scheme and the references the kernels need live in lab/kernels itself);
 - the engine's processes: a `lab serve` frontend (engine_client=async_mp) imports no worker, model,
   kernel, layer, attention or compile module (checked in a fresh interpreter).
 """
@@ -113,9 +114,29 @@ def test_these_packages_import_no_torch(package):
     assert offenders(package, _torch) == {}
 
 
+def all_imports(path: Path) -> set[str]:
+    """Every module a file imports, at module level or inside a function."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
 def test_kernels_are_a_leaf():
-    assert offenders("kernels", lambda m: m.startswith("lab.") and not m.startswith(
-        "lab.kernels")) == {}
+    outside = {path.name: sorted(m for m in all_imports(path)
+                                 if m.startswith("lab.") and not m.startswith("lab.kernels"))
+               for path in sorted((LAB / "kernels").glob("*.py"))}
+    assert {k: v for k, v in outside.items() if v} == {}
+
+
+def test_the_cache_dtypes_the_scheduler_side_checks_import_without_torch():
+    code = ("import sys; sys.modules['torch'] = None; "
+            "from lab.cache.dtypes import KV_CACHE_DTYPES; print(KV_CACHE_DTYPES)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "('auto', 'fp8')"
 
 
 HEAVY = ("lab.worker", "lab.models", "lab.kernels", "lab.layers", "lab.attention", "lab.compile")
