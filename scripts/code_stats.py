@@ -24,6 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "lab"
+sys.path.insert(0, str(ROOT))
+from tests.test_layering import cycles, package_graph  # noqa: E402  (the layering rules' home)
 
 
 def package_of(path: Path) -> str:
@@ -52,64 +54,6 @@ def longest_functions(n: int) -> list[tuple[int, str]]:
                 found.append((node.end_lineno - node.lineno + 1,
                               f"{path.relative_to(ROOT)}:{node.name}"))
     return sorted(found, reverse=True)[:n]
-
-
-def module_level_imports(path: Path) -> set[str]:
-    """The lab modules a file imports at module level (not inside functions or TYPE_CHECKING)."""
-    names: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return {m for m in names if m == "lab" or m.startswith("lab.")}
-
-
-def package_graph() -> dict[str, set[str]]:
-    """{package: packages its modules import at module level}."""
-    graph: dict[str, set[str]] = defaultdict(set)
-    for path in LAB.rglob("*.py"):
-        src = package_of(path)
-        for module in module_level_imports(path):
-            parts = module.split(".")
-            if len(parts) > 1 and parts[1] != src:
-                graph[src].add(parts[1])
-    return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one package (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
 
 
 def files_naming(word: str) -> list[str]:

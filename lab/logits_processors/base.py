@@ -19,19 +19,23 @@ e.g. a partial prefill). Processors whose state follows the generated tokens (pe
 min_tokens, bad_words) update it there, vectorized, instead of re-reading every request's token
 list each step. `AddedRequest.output_token_ids` is still the live list, as in vLLM.
 
-A processor is one class (subclass LogitsProcessor) plus one YAML in lab/conf/logits_processors/:
+A processor is one class (subclass LogitsProcessor) plus one YAML in a config directory's
+logits_processors/ (lab/conf, or a plug-in's: docs/plugins.md):
 
+    # @package logits_processors.my_proc
     _target_: my_pkg.my_proc.MyProcessor
     _partial_: true        # the runner completes it with the LogitsProcessorContext
 
-and runs when listed: `python run.py 'logits_processors=[penalties,my_proc]'`.
+and runs when listed: `python run.py 'logits_processors=[penalties,my_proc]'`. A processor whose
+per-request state is a Python object per row (not a tensor) can keep it in a dict and let
+`follow_rows` apply each BatchUpdate to it.
 """
 
 from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple
 
@@ -117,3 +121,25 @@ class LogitsProcessor(ABC):
     def on_sampled(self, token_ids: torch.Tensor) -> None:
         """lab's extension: the [batch_size] tokens rows appended this step (-1: none)."""
         return None
+
+
+def follow_rows(rows: dict, batch_update: BatchUpdate | None,
+                state_of: Callable[[AddedRequest], object]) -> None:
+    """Keep `rows` ({batch row: a request's state}; rows without state have no entry) in step with
+    the persistent batch, in the BatchUpdate's order: removed rows drop their state, an added
+    request's row gets `state_of(added)` (None: no entry), moves move it (SWAP trades)."""
+    if batch_update is None:
+        return
+    for index in batch_update.removed:
+        rows.pop(index, None)
+    for added in batch_update.added:
+        rows.pop(added.index, None)
+        state = state_of(added)
+        if state is not None:
+            rows[added.index] = state
+    for move in batch_update.moved:
+        src, dst = rows.pop(move.src, None), rows.pop(move.dst, None)
+        if src is not None:
+            rows[move.dst] = src
+        if dst is not None and move.direction is MoveDirectionality.SWAP:
+            rows[move.src] = dst

@@ -207,3 +207,29 @@ def test_min_tokens_masks_eos_even_with_ignore_eos_until_reached():
     params = SamplingParams(min_tokens=2, ignore_eos=True, stop_token_ids=[5])
     assert one_row("min_tokens", params, None, [3], [0.0] * 6) == [0, inf, inf, 0, 0, inf]
     assert one_row("min_tokens", params, None, [3, 3], [0.0] * 6) == [0.0] * 6
+
+
+def test_follow_rows_applies_a_batch_update_in_order():
+    """removed, then added (a freed index reused; None state: no entry), then moves in order
+    (UNIDIRECTIONAL leaves the source empty, SWAP trades)."""
+    from lab.core.sampling_params import SamplingParams
+    from lab.logits_processors.base import (
+        AddedRequest,
+        BatchUpdate,
+        MovedRequest,
+        MoveDirectionality,
+        follow_rows,
+    )
+
+    def added(index, state):
+        return AddedRequest(index, SamplingParams(extra_args={"s": state}), None, [])
+
+    rows = {0: "a", 1: "b", 2: "c"}
+    follow_rows(rows, None, lambda a: None)
+    assert rows == {0: "a", 1: "b", 2: "c"}
+    update = BatchUpdate(
+        batch_size=3, removed=[1], added=[added(1, "d"), added(3, None)],
+        moved=[MovedRequest(2, 3, MoveDirectionality.UNIDIRECTIONAL),
+               MovedRequest(0, 1, MoveDirectionality.SWAP)])
+    follow_rows(rows, update, lambda a: a.params.extra_args["s"])
+    assert rows == {0: "d", 1: "a", 3: "c"}

@@ -11,7 +11,18 @@ from __future__ import annotations
 
 import torch
 
-from lab.logits_processors.base import BatchUpdate, LogitsProcessor, LogitsProcessorContext
+from lab.logits_processors.base import (
+    AddedRequest,
+    BatchUpdate,
+    LogitsProcessor,
+    LogitsProcessorContext,
+    follow_rows,
+)
+
+
+def banned_ids(added: AddedRequest) -> list[int] | None:
+    """A request's extra_args["banned_token_ids"] (None when it bans nothing)."""
+    return list((added.params.extra_args or {}).get("banned_token_ids") or []) or None
 
 
 class BannedTokens(LogitsProcessor):
@@ -32,21 +43,7 @@ class BannedTokens(LogitsProcessor):
         return False
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if batch_update is None:
-            return
-        for index in batch_update.removed:
-            self.banned.pop(index, None)
-        for added in batch_update.added:
-            ids = (added.params.extra_args or {}).get("banned_token_ids")
-            self.banned.pop(added.index, None)
-            if ids:
-                self.banned[added.index] = list(ids)
-        for move in batch_update.moved:
-            src, dst = self.banned.pop(move.src, None), self.banned.pop(move.dst, None)
-            if src is not None:
-                self.banned[move.dst] = src
-            if dst is not None and move.direction.name == "SWAP":
-                self.banned[move.src] = dst
+        follow_rows(self.banned, batch_update, banned_ids)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         for row, ids in self.banned.items():
