@@ -30,7 +30,7 @@ def test_its_options_presets_and_knob_join_lab_s(capsys):
     assert "mru" in group_options("cache/eviction")
     assert "banned_tokens" in group_options("logits_processors")
     assert "linear" in group_options("sim/step_time")
-    assert "tiny_llama_wide" in group_options("model")
+    assert "wide_llama" in group_options("model")
     assert check_command_line(["background_chunk_tokens=3"]) is None
     list_knobs([])
     assert "background_chunk_tokens = 64" in capsys.readouterr().out
@@ -40,7 +40,7 @@ def test_lab_run_runs_its_policy_eviction_preset_and_knob_from_outside_the_repo(
     """`lab run` (run.py's job, as an installed lab has it) in a directory outside the
     repository: the plug-in is found through its entry point alone."""
     cmd = [sys.executable, "-m", "lab.cli", "run", "scheduler=las", "background_chunk_tokens=16",
-           "cache/eviction=mru", "model=tiny_llama_wide", "workload.num_requests=8",
+           "cache/eviction=mru", "model=wide_llama", "workload.num_requests=8",
            "num_gpu_blocks=40", "logger=[jsonl]", "hydra.run.dir=run"]
     subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, text=True, timeout=300)
     tmp_path = tmp_path / "run"
