@@ -36,18 +36,32 @@ def test_its_options_presets_and_knob_join_lab_s(capsys):
     assert "background_chunk_tokens = 64" in capsys.readouterr().out
 
 
-def test_lab_run_runs_its_policy_eviction_preset_and_knob_from_outside_the_repo(tmp_path):
+RUNS = {  # every option the plug-in adds, through `lab run`
+    "real": ["scheduler=las", "background_chunk_tokens=16", "cache/eviction=mru",
+             "model=wide_llama", f"logits_processors=[{','.join(DEFAULT_PROCESSORS)},banned_tokens]",
+             "workload.num_requests=8", "num_gpu_blocks=40"],
+    "sim": ["executor=sim", "sim/step_time=linear", "scheduler=frees_most", "num_gpu_blocks=24",
+            "workload.num_requests=16"],
+}
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_lab_run_runs_every_option_from_outside_the_repo(tmp_path, run):
     """`lab run` (run.py's job, as an installed lab has it) in a directory outside the
     repository: the plug-in is found through its entry point alone."""
-    cmd = [sys.executable, "-m", "lab.cli", "run", "scheduler=las", "background_chunk_tokens=16",
-           "cache/eviction=mru", "model=wide_llama", "workload.num_requests=8",
-           "num_gpu_blocks=40", "logger=[jsonl]", "hydra.run.dir=run"]
+    cmd = [sys.executable, "-m", "lab.cli", "run", *RUNS[run], "logger=[jsonl]",
+           "hydra.run.dir=run"]
     subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, text=True, timeout=300)
-    tmp_path = tmp_path / "run"
-    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "finished"
-    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
-    assert {s["queue_policy"] for s in steps} == {"las"}
-    assert "background_chunk_tokens: 16" in (tmp_path / "config.yaml").read_text()
+    run_dir = tmp_path / "run"
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "finished"
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    policy = next(a.split("=")[1] for a in RUNS[run] if a.startswith("scheduler="))
+    assert {s["queue_policy"] for s in steps} == {policy}
+    config = (run_dir / "config.yaml").read_text()
+    assert CONFIG_SAYS[run] in config
+
+
+CONFIG_SAYS = {"real": "background_chunk_tokens: 16", "sim": "LinearStepTime"}
 
 
 def test_its_knob_is_refused_outside_its_rule():
@@ -104,8 +118,8 @@ def test_its_processor_bans_the_tokens_a_request_names_in_extra_args(engine_clie
         [PROMPTS[1]], GREEDY)[0].outputs[0].token_ids  # a row without extra_args: untouched
 
 
-def test_its_step_time_model_drives_the_simulator():
-    llm = LLM("tiny_llama", executor="sim", **{"sim/step_time": "linear"})
+def test_its_preset_and_step_time_model_drive_the_simulator():
+    llm = LLM("wide_llama", executor="sim", **{"sim/step_time": "linear"})
     llm.generate([PROMPTS[0]], SamplingParams(max_tokens=1))
     first = llm.engine.recent_steps[0]
     assert first.time == pytest.approx(0.002 + 1e-5 * len(PROMPTS[0]))
