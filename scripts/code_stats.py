@@ -91,8 +91,11 @@ def imported_by(code: str) -> list[str]:
 
 
 def summarize_modules(mods: list[str]) -> str:
-    heavy = [p for p in ("worker", "models", "kernels", "compile", "layers", "attention")
-             if any(m.startswith(f"lab.{p}") for m in mods)]
+    """How many lab modules, and which of them are worker / model / kernel / layer / attention /
+    compile code (the torch-free shape specs lab.models.*_arch, lab.models.arch, registry,
+    source, tiny and lab.attention.spec are named too: they are listed, not hidden)."""
+    heavy = [m for m in mods if m.split(".")[1:2] and m.split(".")[1] in (
+        "worker", "models", "kernels", "compile", "layers", "attention") and m.count(".") > 1]
     return f"{len(mods)} lab modules; of worker/models/kernels/compile/layers/attention: " + (
         ", ".join(heavy) or "none")
 
