@@ -54,7 +54,7 @@ def test_the_pattern_finds_machine_paths(text):
 
 @pytest.mark.parametrize("text", [
     "cd /tmp && python x", "/tmp/oracle", "https://github.com/vllm-project/vllm/home/x",
-    "POST /v1/completions", "lab/work/x", "~/work/x", "$VENV/opt/x", "../shared/reference",
+    "POST /v1/completions", "lab/work/x", "~/work/x", "$VENV/opt/x", "../sibling/x",
     "/workloads", "/home", "a/b/opt/c", "--peer-python PY"])
 def test_the_pattern_leaves_other_paths_alone(text):
     assert not machine_paths(text), text

@@ -23,8 +23,8 @@ from lab.cache.hashing import make_block_hasher  # noqa: E402
 from lab.cache.manager import KVCacheManager  # noqa: E402
 from lab.core.request import Request  # noqa: E402
 from lab.core.sampling_params import SamplingParams  # noqa: E402
-from lab.scheduler import FCFSQueue, RecomputePreemption, Scheduler, SchedulerConfig  # noqa: E402
 from lab.core.step import ModelRunnerOutput  # noqa: E402
+from lab.scheduler import FCFSQueue, RecomputePreemption, Scheduler, SchedulerConfig  # noqa: E402
 from lab.scheduler.preemption import PreemptionStrategy, SwapPreemption  # noqa: E402
 
 VOCAB, BLOCK = 32000, 16

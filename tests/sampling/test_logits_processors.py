@@ -216,8 +216,8 @@ def test_follow_rows_applies_a_batch_update_in_order():
     from lab.logits_processors.base import (
         AddedRequest,
         BatchUpdate,
-        MovedRequest,
         MoveDirectionality,
+        MovedRequest,
         follow_rows,
     )
 
