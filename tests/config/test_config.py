@@ -113,3 +113,21 @@ def test_a_list_group_option_without_its_package_header_is_refused_naming_it(tmp
     cfg = compose_config(["logits_processors=[penalties,ban5]"])
     with pytest.raises(ValueError, match=r"ban5.yaml with `# @package logits_processors"):
         validate_knobs(cfg)
+
+
+def test_llm_takes_a_config_path_of_options_and_presets(tmp_path):
+    """LLM(config_path=[DIR]): options and model presets kept in a directory of one's own, for
+    this engine only (the tiny preset is lab's tiny_llama under another name)."""
+    from lab import LLM, SamplingParams
+
+    (tmp_path / "scheduler").mkdir()
+    (tmp_path / "scheduler" / "my_fcfs.yaml").write_text(
+        "_target_: lab.scheduler.queues.FCFSQueue\n")
+    (tmp_path / "model").mkdir()
+    preset = OmegaConf.load(CONF_DIR / "model" / "tiny_llama.yaml")
+    (tmp_path / "model" / "my_tiny.yaml").write_text(OmegaConf.to_yaml(preset))
+    llm = LLM("my_tiny", scheduler="my_fcfs", executor="sim", config_path=[tmp_path])
+    out = llm.generate(["Hello"], SamplingParams(max_tokens=3))
+    assert len(out[0].outputs[0].token_ids) == 3
+    with pytest.raises(ValueError, match="neither a preset .*tiny_llama"):
+        LLM("my_tiny", executor="sim")  # without the directory: not a preset
