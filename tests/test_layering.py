@@ -28,9 +28,11 @@ def package_of(path: Path) -> str:
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
-def module_level_imports(path: Path) -> set[str]:
+def imports(path: Path, nested: bool = False) -> set[str]:
+    """The modules a file imports at module level (`nested`: inside functions too)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
-    for node in ast.parse(path.read_text(), filename=str(path)).body:
+    for node in (ast.walk(tree) if nested else tree.body):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -42,7 +44,7 @@ def imports_by_package() -> dict[str, dict[str, set[str]]]:
     """{package: {module path: module-level imports}}."""
     found: dict[str, dict[str, set[str]]] = defaultdict(dict)
     for path in sorted(LAB.rglob("*.py")):
-        found[package_of(path)][str(path.relative_to(LAB))] = module_level_imports(path)
+        found[package_of(path)][str(path.relative_to(LAB))] = imports(path)
     return found
 
 
@@ -114,19 +116,8 @@ def test_these_packages_import_no_torch(package):
     assert offenders(package, _torch) == {}
 
 
-def all_imports(path: Path) -> set[str]:
-    """Every module a file imports, at module level or inside a function."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
-
-
 def test_kernels_are_a_leaf():
-    outside = {path.name: sorted(m for m in all_imports(path)
+    outside = {path.name: sorted(m for m in imports(path, nested=True)
                                  if m.startswith("lab.") and not m.startswith("lab.kernels"))
                for path in sorted((LAB / "kernels").glob("*.py"))}
     assert {k: v for k, v in outside.items() if v} == {}

@@ -114,20 +114,20 @@ def knobs_of(cls: type, prefix: str = "") -> list[Knob]:
 def defaults_of(cls: type) -> dict[str, Any]:
     """{field: default} of a declaration as plain config values (blocks nested, tuples as lists):
     what Hydra composes before the command line's overrides."""
-    hints = typing.get_type_hints(cls)
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            out[f.name] = defaults_of(hints[f.name])
-        elif SPEC in f.metadata:
-            value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            out[f.name] = list(value) if isinstance(value, tuple) else value
+    for k in knobs_of(cls):
+        *blocks, leaf = k.name.split(".")
+        target = out
+        for block in blocks:
+            target = target.setdefault(block, {})
+        target[leaf] = list(k.default) if isinstance(k.default, tuple) else k.default
     return out
 
 
 def build(cls: type, values: dict[str, Any]) -> Any:
     """An instance of a declaration from config values (only the keys it declares)."""
     hints = typing.get_type_hints(cls)
+    own = {k.name: k for k in knobs_of(cls) if "." not in k.name}
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name not in values:
@@ -135,10 +135,7 @@ def build(cls: type, values: dict[str, Any]) -> Any:
         if dataclasses.is_dataclass(hints[f.name]):
             kwargs[f.name] = build(hints[f.name], dict(values[f.name] or {}))
         else:
-            kind, _ = _kind_of(hints[f.name], f.name)
-            value = values[f.name]
-            kwargs[f.name] = tuple(int(v) for v in value) if kind is tuple and value is not None \
-                else value
+            kwargs[f.name] = own[f.name].convert(values[f.name])
     return cls(**kwargs)
 
 

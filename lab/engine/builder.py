@@ -6,7 +6,7 @@ the benchmarks build through it; it decides nothing itself (every piece is the c
 
 from __future__ import annotations
 
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from lab.cache.hashing import make_block_hasher
@@ -83,9 +83,10 @@ def option_spec(node: DictConfig) -> dict:
     return OmegaConf.to_container(node, resolve=True)
 
 
-def logits_processor_factories(cfg: DictConfig) -> tuple:
-    """The configured logits processors as factories (Hydra partials), in the listed order."""
-    return tuple(instantiate(c) for c in (cfg.get("logits_processors") or {}).values())
+def logits_processor_classes(cfg: DictConfig) -> tuple[type, ...]:
+    """The configured logits processors' classes, in the listed order: what the frontend's
+    Processor checks requests against (the workers build the processors themselves)."""
+    return tuple(get_class(c._target_) for c in (cfg.get("logits_processors") or {}).values())
 
 
 def num_swap_blocks(scheduler: Scheduler) -> int:

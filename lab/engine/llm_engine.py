@@ -17,7 +17,7 @@ from lab.core.protocol import CoreStatus, EngineCoreOutput, EngineCoreOutputs, E
 from lab.core.request import RequestStatus
 from lab.core.sampling_params import SamplingParams
 from lab.core.stats import RequestStats, StepStats
-from lab.engine.builder import build_core, logits_processor_factories, set_cpu_threads
+from lab.engine.builder import build_core, logits_processor_classes, set_cpu_threads
 from lab.engine.core import EngineCore
 from lab.frontend.output_processor import OutputProcessor
 from lab.frontend.outputs import RequestOutput
@@ -60,7 +60,7 @@ class LLMEngine:
         path = info.model_info.tokenizer_path
         self.tokenizer = load_tokenizer(path) if path else None
         self.processor = Processor(self.tokenizer, info.model_info, self.max_model_len,
-                                   cfg.max_logprobs, logits_processor_factories(cfg))
+                                   cfg.max_logprobs, logits_processor_classes(cfg))
         self.output_processor = OutputProcessor(self.tokenizer)
         self.loggers = list(loggers or [])
         # the latest records only: a long-lived engine must not grow; loggers keep the full trace

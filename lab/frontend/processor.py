@@ -49,7 +49,8 @@ class Processor:
         self.eos_token_id = model_info.eos_token_id
         self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
-        # the configured processors' classes (their validate_params), from instances or partials
+        # the configured processors' classes (their validate_params), from classes, instances
+        # or partials
         self.processor_classes = [_class_of(p) for p in logits_processors]
         # SamplingParams field -> (option, class) of a logits_processors option that implements
         # it, for the fields no configured processor implements (requests setting them refused)

@@ -236,6 +236,14 @@ class PackedGemm:
         """Whether the loaded extension runs here (e.g. the OS grants the AMX tiles)."""
         return True
 
+    @classmethod
+    def available(cls) -> bool:
+        """Whether the kernel runs here, built now if needed (tests, benchmarks)."""
+        try:
+            return cls().setup()
+        except CPUKernelUnavailable:
+            return False
+
     def setup(self) -> bool:
         """Build or load the extension where the kernel applies (CPUKernelUnavailable when it
         cannot be built); whether the kernel runs here."""

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 
 from lab.kernels.cpu_ext import (
     CPUExtension,
-    CPUKernelUnavailable,
     PackedGemm,
     cpu_flags,
     packed_gemm,
@@ -67,12 +66,7 @@ class AMXGemm(PackedGemm):
         return pack(weight)
 
 
-def available() -> bool:
-    """Whether the kernel runs here (builds it now where the CPU has AMX: tests, benchmarks)."""
-    try:
-        return AMXGemm().setup()
-    except CPUKernelUnavailable:
-        return False
+available = AMXGemm.available  # whether the op runs here (builds it now)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lab.kernels.cpu_ext import CPUExtension, CPUKernelUnavailable, PackedGemm, packed_gemm
+from lab.kernels.cpu_ext import CPUExtension, PackedGemm, packed_gemm
 
 # no -ffast-math: it would let the compiler reassociate the ordered kernel's adds
 EXTENSION = CPUExtension("cpu_sgemm", extra_cflags=("-fno-fast-math",))
@@ -78,12 +78,7 @@ class OrderedGemm(MKLGemm):
         return pack(weight)
 
 
-def available() -> bool:
-    """Whether the op runs here (builds it now where torch has MKL: tests, benchmarks)."""
-    try:
-        return MKLGemm().setup()
-    except CPUKernelUnavailable:
-        return False
+available = MKLGemm.available  # whether the op runs here (builds it now)
 
 
 def pack_mkl(weight: torch.Tensor) -> torch.Tensor:
