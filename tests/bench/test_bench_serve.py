@@ -113,11 +113,24 @@ class FakeServer:
                     fake.requests += 1
                     fake.active += 1
                     fake.max_active = max(fake.max_active, fake.active)
+                self.counted = True
                 try:
                     self._serve(body)
                 finally:
-                    with fake.lock:
+                    self._leave()
+
+            def _leave(self):
+                # leave the count before the last bytes go out: a client that has read them may
+                # send its next request before this thread runs again
+                with fake.lock:
+                    if self.counted:
                         fake.active -= 1
+                        self.counted = False
+
+            def _last(self, data: bytes):
+                self._leave()
+                self.wfile.write(data)
+                self.wfile.flush()
 
             def _serve(self, body):
                 prompt = body["prompt"]
@@ -126,7 +139,7 @@ class FakeServer:
                     self.send_response(500)
                     self.send_header("Content-Type", "application/json")
                     self.end_headers()
-                    self.wfile.write(b'{"error": "boom"}')
+                    self._last(b'{"error": "boom"}')
                     return
                 assert body["stream"] and body["stream_options"]["include_usage"]
                 self.send_response(200)
@@ -135,15 +148,19 @@ class FakeServer:
                 n = int(body["max_tokens"])
                 time.sleep(first_delay)
 
-                def send(obj):
-                    self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
+                def send(obj, last=False):
+                    data = f"data: {json.dumps(obj)}\n\n".encode()
+                    if last:
+                        self._last(data)
+                        return
+                    self.wfile.write(data)
                     self.wfile.flush()
 
                 for i in range(n):
                     if i:
                         time.sleep(delay)
                     if prompt == "BREAK" and i == 1:
-                        send({"error": {"message": "engine died"}})
+                        send({"error": {"message": "engine died"}}, last=True)
                         return
                     text = "" if prompt == "EMPTY" and i in (0, 2) else f" w{i}"
                     send({"choices": [{"index": 0, "text": text, "finish_reason": None}],
@@ -151,7 +168,7 @@ class FakeServer:
                 plen = len(prompt) if isinstance(prompt, list) else len(prompt.split())
                 send({"choices": [], "usage": {"prompt_tokens": plen, "completion_tokens": n,
                                                "total_tokens": plen + n}})
-                self.wfile.write(b"data: [DONE]\n\n")
+                self._last(b"data: [DONE]\n\n")
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
