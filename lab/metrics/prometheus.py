@@ -29,6 +29,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import start_http_server, write_to_textfile
 
+from lab.core.protocol import CoreStatus
 from lab.core.stats import RequestStats, StepStats
 from lab.metrics.base import StatLogger
 from lab.metrics.stats import RunSummary
@@ -81,6 +82,14 @@ class LabMetrics:
                               TOKEN_COUNT_BUCKETS)}
         self.hist = {key: make(Histogram, name, doc, buckets=buckets)
                      for key, (name, doc, buckets) in hist.items()}
+
+    def observe_status(self, s: CoreStatus) -> None:
+        """The scheduler gauges from the core's state now: a step's stats leave them as they
+        were at that step, stale once requests were aborted and no step ran since."""
+        self.running.set(s.num_running)
+        self.waiting.set(s.num_waiting)
+        self.swapped.set(s.num_swapped_reqs)
+        self.kv_usage.set(s.num_used_blocks / s.num_blocks if s.num_blocks else 0.0)
 
     def observe_step(self, s: StepStats) -> None:
         self.running.set(s.num_running_reqs)
@@ -135,6 +144,10 @@ class PrometheusLogger(StatLogger):
 
     def on_request(self, stats: RequestStats) -> None:
         self._ensure_metrics().observe_request(stats)
+
+    def on_status(self, status: CoreStatus) -> None:
+        """The core's state now (a server asks for it before each scrape)."""
+        self._ensure_metrics().observe_status(status)
 
     def close(self, summary: RunSummary) -> None:
         if self.textfile and self.run_dir is not None:

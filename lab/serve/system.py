@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
+from lab.engine.core import EngineDeadError
 from lab.serve.state import State
 
 router = APIRouter(tags=["system"])
+
+#: how long /metrics waits for the core's state
+STATUS_WAIT_S = 1.0
 
 #: the Prometheus text exposition format's content type
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -38,4 +43,12 @@ async def server_version() -> dict:
 
 @router.get("/metrics")
 async def metrics(state: State) -> PlainTextResponse:
+    """The metrics, the scheduler gauges refreshed from the core's state now (within
+    STATUS_WAIT_S; else as the last step left them)."""
+    if state.async_llm.is_healthy:
+        try:
+            status = await asyncio.wait_for(state.async_llm.get_status(), STATUS_WAIT_S)
+            state.prometheus.on_status(status)
+        except (TimeoutError, EngineDeadError):
+            pass
     return PlainTextResponse(state.prometheus.exposition(), media_type=PROMETHEUS_TEXT)
