@@ -2,6 +2,8 @@
 
     lab serve [HYDRA OVERRIDES...] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
               [--run-dir DIR]            # logger=[console,jsonl,wandb] record the live steps
+              [--api-key KEY] [--max-body-bytes N] [--max-concurrent-requests N]
+              [--shutdown-timeout S] [--keep-alive-on-engine-death]   # README "Serving"
     lab run [run.py arguments...]              # python run.py ...
     lab knobs [--markdown]                     # every knob: default, allowed values, help
     lab bench NAME [args...]                   # python -m lab.bench.NAME (lab.bench.names())
@@ -15,7 +17,9 @@ overrides; no loggers unless `logger=...` is given), runs the engine core in its
 from __future__ import annotations
 
 import argparse
+import contextlib
 import runpy
+import signal
 import sys
 import time
 from pathlib import Path
@@ -71,7 +75,10 @@ def close_loggers(loggers: list, engine, wall_time: float) -> None:
         logger.close(summary)
 
 
-def serve(argv: list[str]) -> None:
+def serve_parser() -> argparse.ArgumentParser:
+    from lab.serve.limits import ServerLimits
+
+    default = ServerLimits()
     parser = argparse.ArgumentParser(prog="lab serve", description="OpenAI-compatible server")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny_llama")
     parser.add_argument("--host", default="127.0.0.1")
@@ -80,7 +87,26 @@ def serve(argv: list[str]) -> None:
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--run-dir", default=None, type=Path,
                         help="where logger=[...] writes (default outputs/serve/DAY/TIME)")
-    args = parser.parse_intermixed_args(argv)  # overrides before or after the options
+    parser.add_argument("--api-key", default=None,
+                        help="/v1/* need 'Authorization: Bearer KEY' (default: $LAB_API_KEY; "
+                             "none: open)")
+    parser.add_argument("--max-body-bytes", type=int, default=default.max_body_bytes,
+                        help="refuse larger request bodies with 413 before parsing them")
+    parser.add_argument("--max-concurrent-requests", type=int,
+                        default=default.max_concurrent_requests,
+                        help="refuse completions beyond this many in flight with 429 "
+                             "(default: no limit)")
+    parser.add_argument("--shutdown-timeout", type=float, default=5.0,
+                        help="on SIGTERM / Ctrl-C, seconds requests in flight get to finish "
+                             "before they are aborted")
+    parser.add_argument("--keep-alive-on-engine-death", action="store_true",
+                        help="keep serving (503 to every request) after the engine died, "
+                             "instead of exiting non-zero")
+    return parser
+
+
+def serve(argv: list[str]) -> None:
+    args = serve_parser().parse_intermixed_args(argv)  # overrides before or after the options
     import uvicorn
     from omegaconf import OmegaConf
 
@@ -92,17 +118,64 @@ def serve(argv: list[str]) -> None:
     refusal = check_command_line(args.overrides)
     if refusal is not None:
         sys.exit(f"lab serve: {refusal}")
+    try:
+        limits = server_limits(args)
+    except ValueError as e:
+        sys.exit(f"lab serve: {e}")
     cfg, choices = serve_config_and_choices(args.overrides)
     name = args.served_model_name or model_name_of(OmegaConf.to_container(cfg))
+    signal.signal(signal.SIGTERM, _interrupt)  # while starting: as Ctrl-C (cleans up)
     start = time.monotonic()
     loggers = start_loggers(cfg, choices, args.run_dir or default_run_dir())
     async_llm = AsyncLLM.from_config(cfg, loggers)
+    died: list[str] = []
+
+    def on_engine_death(reason: str) -> None:
+        died.append(reason)
+        server.should_exit = True
+
+    app = build_app(async_llm, name, limits,
+                    None if args.keep_alive_on_engine_death else on_engine_death)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level,
+        timeout_graceful_shutdown=args.shutdown_timeout))
+    with stop_signals_end_the_server():
+        try:
+            server.run()
+        finally:
+            async_llm.shutdown()
+            close_loggers(loggers, async_llm.engine, time.monotonic() - start)
+    if died:
+        sys.exit(f"lab serve: exiting because the engine died: {died[0]}")
+
+
+def server_limits(args: argparse.Namespace):
+    """The ServerLimits of `lab serve`'s options (the key from $LAB_API_KEY when not given)."""
+    import os
+
+    from lab.serve.limits import ServerLimits
+
+    return ServerLimits(api_key=args.api_key or os.environ.get("LAB_API_KEY") or None,
+                        max_body_bytes=args.max_body_bytes,
+                        max_concurrent_requests=args.max_concurrent_requests)
+
+
+def _interrupt(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def stop_signals_end_the_server():
+    """SIGTERM and SIGINT shut the server down gracefully (uvicorn's handlers), then cleanup
+    runs: requests aborted, the core process stopped, its IPC directory removed, the loggers'
+    summary written. uvicorn raises the signal again once it stopped; this handler takes it,
+    so the process exits normally after the cleanup instead of dying of the signal halfway."""
+    taken = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        uvicorn.run(build_app(async_llm, name), host=args.host, port=args.port,
-                    log_level=args.log_level)
+        yield
     finally:
-        async_llm.shutdown()
-        close_loggers(loggers, async_llm.engine, time.monotonic() - start)
+        for sig, handler in taken.items():
+            signal.signal(sig, handler)
 
 
 def run(argv: list[str]) -> None:

@@ -139,6 +139,16 @@ class AsyncLLM:
     def is_healthy(self) -> bool:
         return self._dead is None and not self._stopped and self._driver.alive()
 
+    def death_reason(self) -> str | None:
+        """Why the engine no longer serves (None while it does)."""
+        if self._dead is not None:
+            return str(self._dead)
+        if self._stopped:
+            return "the engine was shut down"
+        if not self._driver.alive():
+            return "the engine's driver stopped (its core process or thread ended)"
+        return None
+
     @property
     def tokenizer(self):
         return self.engine.tokenizer
@@ -178,6 +188,13 @@ class AsyncLLM:
         """The core's requests and KV blocks in use (e.g. 0 blocks once every request ended)."""
         self._check_running()
         return await self._driver.core_status()
+
+    async def start(self) -> None:
+        """Start handling the core's messages on the running loop now rather than at the first
+        request, so a core that dies before any request comes is noticed (a server calls this
+        at startup)."""
+        self._check_running()
+        await self._driver.run(lambda: None)
 
     # -- requests ------------------------------------------------------------------------------
     async def add_request(self, prompt: str | list[int], params: SamplingParams | dict | None,

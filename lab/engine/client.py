@@ -76,7 +76,11 @@ class MPClient:
             args=(OmegaConf.to_container(cfg, resolve=False), input_addr, output_addr, child_end))
         self.proc.start()
         child_end.close()
-        self.info = self._wait_ready(ready)
+        try:
+            self.info = self._wait_ready(ready)
+        except BaseException:  # e.g. Ctrl-C / SIGTERM while the core loads: leave nothing
+            self.shutdown()
+            raise
         self._live: set[str] = set()  # requests sent whose final output has not come back
         self._failed: list[EngineCoreOutput] = []
         self._early: deque[EngineCoreOutputs] = deque()  # step results read by call_utility

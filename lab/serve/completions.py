@@ -9,13 +9,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import replace
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lab.core.sampling_params import RequestOutputKind, SamplingParams
-from lab.engine.async_llm import AsyncLLM
-from lab.engine.core import EngineDeadError
-from lab.serve.errors import BadRequest, check_text, error_response, param_of, service_unavailable
+from lab.engine.async_llm import AsyncLLM, RequestStream
+from lab.serve.disconnect import CLIENT_GONE, unless_disconnected
+from lab.serve.errors import BadRequest, check_text, failure_response, param_of
 from lab.serve.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from lab.serve.responses import Reply, full_response, stream_events
 from lab.serve.state import State
@@ -28,7 +28,7 @@ _OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty"
 
 
 @router.post("/v1/completions")
-async def completions(body: CompletionRequest, state: State):
+async def completions(body: CompletionRequest, state: State, request: Request):
     """A text completion of one prompt (a string, a one-string list, or token ids)."""
     llm = state.async_llm
     prompt = _one_prompt(body)
@@ -40,11 +40,11 @@ async def completions(body: CompletionRequest, state: State):
     params = sampling_params(body, body.max_tokens, len(ids), llm.max_model_len,
                              logprobs=body.logprobs)
     reply = Reply(f"cmpl-{uuid.uuid4().hex}", False, state.model_name, body.logprobs)
-    return await serve(llm, ids, params, body, reply)
+    return await serve(llm, ids, params, body, reply, request)
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, state: State):
+async def chat_completions(body: ChatCompletionRequest, state: State, request: Request):
     """The assistant's next message after `messages`, through the model's chat template."""
     llm = state.async_llm
     ids = await _chat_prompt(llm, body)
@@ -54,13 +54,14 @@ async def chat_completions(body: ChatCompletionRequest, state: State):
     params = sampling_params(body, getattr(body, name), len(ids), llm.max_model_len,
                              logprobs, name)
     reply = Reply(f"chatcmpl-{uuid.uuid4().hex}", True, state.model_name, body.logprobs, top)
-    return await serve(llm, ids, params, body, reply)
+    return await serve(llm, ids, params, body, reply, request)
 
 
 async def serve(llm: AsyncLLM, ids: list[int], params: SamplingParams, body: _Sampling,
-                reply: Reply):
+                reply: Reply, request: Request):
     """Queue the request; stream its events, or wait for it and answer once. The request ends
-    with its answer: a cancelled handler or a closed stream aborts it."""
+    with its answer or its client: a closed stream, a client that left before a plain answer
+    or a cancelled handler aborts it."""
     try:
         stream = await llm.add_request(ids, params, reply.request_id)
     except (ValueError, TypeError) as e:
@@ -69,16 +70,22 @@ async def serve(llm: AsyncLLM, ids: list[int], params: SamplingParams, body: _Sa
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(stream_events(stream, reply, include_usage),
                                  media_type="text/event-stream")
+    result = await unless_disconnected(request, _answer(stream, reply))
+    if result is CLIENT_GONE:  # nobody reads it: 499, nginx's "client closed request"
+        return Response(status_code=499)
+    return result
+
+
+async def _answer(stream: RequestStream, reply: Reply) -> JSONResponse:
+    """The request's whole answer (or its error) once it finished."""
     final = None
     try:
         async for out in stream:  # DELTA outputs: accumulate them
             final = out if final is None else final.add_delta(out)
-    except EngineDeadError as e:  # the engine is gone: the server is unhealthy
-        return service_unavailable(e)
-    except Exception as e:  # a failed step (not the client's fault)
-        return error_response(str(e), None, 500, "InternalServerError")
+    except Exception as e:  # the engine died (503) or a step failed (500): not the client's
+        return failure_response(e)
     finally:
-        stream.abort()  # no-op once finished; a cancelled handler lands here
+        stream.abort()  # no-op once finished; a cancelled answer lands here
     return JSONResponse(full_response(final, reply))
 
 

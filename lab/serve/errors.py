@@ -27,16 +27,32 @@ class BadRequest(ValueError):
         self.param = param
 
 
+def error_object(message: str, param: str | None = None, status: int = 400,
+                 kind: str = "BadRequestError") -> dict:
+    """An error in OpenAI's format (the body of an error answer, or a stream's in-band event)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
 def error_response(message: str, param: str | None = None, status: int = 400,
                    kind: str = "BadRequestError", headers: dict | None = None) -> JSONResponse:
     """An error answer in OpenAI's format."""
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param,
-                                   "code": status}}, status_code=status, headers=headers)
+    return JSONResponse(error_object(message, param, status, kind), status_code=status,
+                        headers=headers)
 
 
-def service_unavailable(error: BaseException) -> JSONResponse:
-    """The 503 of a request the engine can no longer serve (it died or was shut down)."""
-    return error_response(str(error), None, 503, "ServiceUnavailableError")
+def failure_object(error: BaseException) -> dict:
+    """The error of a request the engine failed: 503 when the engine is gone (dead, hung or
+    shut down: retry elsewhere), 500 when a step failed. A plain answer carries it as its body
+    (and status), a stream as its last event: both say the same."""
+    if isinstance(error, EngineDeadError):
+        return error_object(str(error), None, 503, "ServiceUnavailableError")
+    return error_object(str(error), None, 500, "InternalServerError")
+
+
+def failure_response(error: BaseException) -> JSONResponse:
+    """failure_object as an answer, with its status."""
+    body = failure_object(error)
+    return JSONResponse(body, status_code=body["error"]["code"])
 
 
 _PARAM_PATTERNS = (re.compile(r"\(SamplingParams\.(\w+)\)"), re.compile(r"^(\w+)=",),
@@ -94,7 +110,7 @@ async def _bad(_: Request, exc: BadRequest) -> JSONResponse:
 
 
 async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
-    return service_unavailable(exc)
+    return failure_response(exc)
 
 
 def add_exception_handlers(app: FastAPI) -> None:

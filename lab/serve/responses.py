@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from lab.engine.async_llm import RequestStream
 from lab.frontend.outputs import CompletionOutput, Logprob, RequestOutput
+from lab.serve.errors import failure_object
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,8 @@ async def stream_events(stream: RequestStream, reply: Reply,
                                   "logprobs": None, "finish_reason": None}])
                 if c.text or c.token_ids or c.finish_reason:
                     yield chunk([_stream_choice(c, reply)])
-    except Exception as e:  # a failed step: tell the client in-band
-        err = {"error": {"message": str(e), "type": "InternalServerError", "param": None,
-                         "code": 500}}
-        yield f"data: {json.dumps(err)}\n\n"
+    except Exception as e:  # the engine died or a step failed: tell the client in-band
+        yield f"data: {json.dumps(failure_object(e))}\n\n"
     finally:
         stream.abort()  # a disconnect (cancellation) lands here too
     if include_usage:
