@@ -1,0 +1,186 @@
+"""A real `lab serve` process driven over HTTP, as a user's client drives it: the API key, body
+and concurrency limits, a non-streaming client that leaves, SIGTERM, and the engine's death.
+
+One server serves the first tests (slow steps, so a test can act mid-request); the last ones end
+their own server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from lab.bench.server_process import ServerProcess
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+ENGINE = ["model=tiny_llama", "attention=torch", "num_gpu_blocks=64", "block_size=4",
+          "max_model_len=128", "executor._target_=tests.serve.flaky_executor.FlakyExecutor"]
+LONG = {"prompt": "Hello there", "max_tokens": 100, "ignore_eos": True}
+
+
+def server(*extra: str, step_s: float = 0.05, env: dict | None = None, **kw) -> ServerProcess:
+    """A lab serve process whose steps take at least `step_s` (run from the repository, so the
+    test executor imports in its core process)."""
+    return ServerProcess([*ENGINE, f"+executor.min_step_s={step_s}", *extra], env=env, cwd=REPO,
+                         **kw)
+
+
+@pytest.fixture(scope="module")
+def srv():
+    with server("--api-key", KEY, "--max-body-bytes", "65536",
+                "--max-concurrent-requests", "3") as s:
+        yield s
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    m = re.search(rf"^lab:{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
+    assert m, f"lab:{name} is not in /metrics"
+    return float(m.group(1))
+
+
+# -- access -------------------------------------------------------------------------------------
+def test_v1_needs_the_api_key_and_health_does_not(srv):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        r = httpx.get(srv.url + "/v1/models", headers=headers)
+        assert r.status_code == 401
+        assert r.json()["error"]["type"] == "AuthenticationError"
+        assert r.json()["error"]["code"] == 401
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 401
+    assert httpx.get(srv.url + "/health").status_code == 200
+    assert httpx.get(srv.url + "/v1/models", headers=AUTH).status_code == 200
+
+
+def test_the_openai_client_with_the_key(srv):
+    openai = pytest.importorskip("openai")
+    good = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY)
+    out = good.completions.create(model="tiny_llama", prompt="Hello", max_tokens=3)
+    assert out.usage.completion_tokens == 3
+    bad = openai.OpenAI(base_url=srv.url + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.completions.create(model="tiny_llama", prompt="Hello", max_tokens=3)
+
+
+# -- limits -------------------------------------------------------------------------------------
+def test_an_oversized_body_is_refused_before_parsing(srv):
+    big = json.dumps({"prompt": "x " * 40_000, "max_tokens": 1}).encode()
+    r = httpx.post(srv.url + "/v1/completions", content=big,
+                   headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 413
+    assert r.json()["error"]["param"] == "body" and "65536" in r.json()["error"]["message"]
+
+    def chunks():  # no Content-Length: counted as it comes
+        for i in range(0, len(big), 8192):
+            yield big[i:i + 8192]
+
+    r = httpx.post(srv.url + "/v1/completions", content=chunks(),
+                   headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 413
+    ok = httpx.post(srv.url + "/v1/completions", headers=AUTH,
+                    json={"prompt": "Hello", "max_tokens": 2})
+    assert ok.status_code == 200
+
+
+def test_requests_beyond_the_concurrency_limit_get_429(srv):
+    with httpx.Client(base_url=srv.url, headers=AUTH, timeout=60) as c:
+        streams = [c.stream("POST", "/v1/completions", json=LONG | {"stream": True})
+                   for _ in range(3)]
+        opened = [s.__enter__() for s in streams]
+        try:
+            assert all(r.status_code == 200 for r in opened)
+            r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+            assert r.status_code == 429 and r.json()["error"]["type"] == "TooManyRequestsError"
+        finally:
+            for s in streams:
+                s.__exit__(None, None, None)
+        deadline = time.monotonic() + 30
+        while (r := c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})) \
+                .status_code == 429 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert r.status_code == 200
+
+
+# -- a client that leaves -----------------------------------------------------------------------
+def test_a_plain_request_stops_generating_when_its_client_leaves(srv):
+    """n=4 x 100 tokens at >= 50 ms a step would run >= 5 s; the client leaves after 1 s: the
+    tokens generated stop growing and the KV cache empties."""
+    before = metric(srv.url, "generation_tokens_total")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(srv.url + "/v1/completions", headers=AUTH, json=LONG | {"n": 4}, timeout=1.0)
+    time.sleep(1.0)
+    settled = metric(srv.url, "generation_tokens_total")
+    time.sleep(1.0)
+    assert metric(srv.url, "generation_tokens_total") == settled
+    assert settled - before < 4 * 100
+    assert metric(srv.url, "kv_cache_usage_perc") == 0.0
+    assert metric(srv.url, "num_requests_running") == 0.0
+
+
+# -- shutdown -----------------------------------------------------------------------------------
+def test_sigterm_finishes_cleanly_within_the_grace_period(tmp_path):
+    """SIGTERM with a stream in flight: the process exits 0 after at most the grace period,
+    the stream is ended, the run's summary.json is written and the core's IPC directory is
+    gone."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    run_dir = tmp_path / "run"
+    with server("logger=[jsonl]", "--run-dir", str(run_dir), "--shutdown-timeout", "1",
+                env={"TMPDIR": str(tmp)}) as s:
+        assert list(tmp.glob("lab-core-*"))  # the core's IPC sockets live here
+        lines = []
+        with httpx.stream("POST", s.url + "/v1/completions", json=LONG | {"stream": True},
+                          timeout=60) as r:
+            it = r.iter_lines()
+            lines.append(next(it))
+            s.proc.send_signal(signal.SIGTERM)
+            try:
+                lines.extend(it)
+            except httpx.HTTPError:
+                pass  # cut off when the grace period ended
+        code = s.wait(30)
+    assert code == 0
+    assert (run_dir / "summary.json").exists()
+    assert not list(tmp.glob("lab-core-*"))
+
+
+# -- the engine's death -------------------------------------------------------------------------
+def _plain_in_background(url: str, body: dict) -> tuple[threading.Thread, dict]:
+    got: dict = {}
+
+    def post():
+        got["r"] = httpx.post(url + "/v1/completions", json=body, timeout=60)
+
+    t = threading.Thread(target=post)
+    t.start()
+    return t, got
+
+
+def test_a_killed_core_fails_requests_alike_and_the_server_exits_nonzero(tmp_path):
+    """kill -9 of the core: a stream's in-band error and a plain request's answer are the same
+    error object (503 ServiceUnavailableError); then the server exits non-zero by itself."""
+    with server(env={"TMPDIR": str(tmp_path)}) as s:
+        t, got = _plain_in_background(s.url, LONG)
+        with httpx.stream("POST", s.url + "/v1/completions", json=LONG | {"stream": True},
+                          timeout=60) as r:
+            it = r.iter_lines()
+            next(it)
+            os.kill(s.core_pid(), signal.SIGKILL)
+            events = [json.loads(line[6:]) for line in it if line.startswith("data: {")]
+        t.join(30)
+        code = s.wait(30)
+    streamed = events[-1]["error"]
+    plain = got["r"].json()["error"]
+    assert got["r"].status_code == 503
+    assert streamed["code"] == plain["code"] == 503
+    assert streamed["type"] == plain["type"] == "ServiceUnavailableError"
+    assert code not in (None, 0)
+    assert not list(tmp_path.glob("lab-core-*"))
