@@ -18,16 +18,19 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from lab.core.sampling_params import MAX_N
 from lab.engine.async_llm import AsyncLLM
 from lab.serve import completions, models, system
 from lab.serve.errors import add_exception_handlers
 from lab.serve.state import ServerState, prometheus_of
 
 
-def build_app(async_llm: AsyncLLM, model_name: str = "lab") -> FastAPI:
-    """The FastAPI app serving `async_llm` under the model name `model_name`."""
+def build_app(async_llm: AsyncLLM, model_name: str = "lab", *, max_n: int = MAX_N) -> FastAPI:
+    """The FastAPI app serving `async_llm` under the model name `model_name`; a request asks
+    for at most `max_n` completions (n)."""
     app = FastAPI(title="lab OpenAI-compatible server", version=system.lab_version())
-    app.state.server = ServerState(async_llm, model_name, prometheus_of(async_llm, model_name))
+    app.state.server = ServerState(async_llm, model_name, prometheus_of(async_llm, model_name),
+                                   model_root=async_llm.model_path, max_n=max_n)
     add_exception_handlers(app)
     for router in (completions.router, models.router, system.router):
         app.include_router(router)

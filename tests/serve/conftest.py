@@ -13,6 +13,7 @@ from lab.serve.api_server import build_app
 from tests.serve.uvicorn_thread import serving
 
 KW = dict(attention="torch", num_gpu_blocks=64, block_size=4, max_model_len=128)
+MAX_N = 4  # the servers' max_n (a request asks for at most 4 completions)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def server(request, llm):
             ["model=tiny_llama", "logger=[]", "engine_client=async_mp",
              *(f"{k}={v}" for k, v in KW.items())]))
     try:
-        with serving(build_app(async_llm, "tiny_llama")) as url:
+        with serving(build_app(async_llm, "tiny_llama", max_n=MAX_N)) as url:
             yield url, async_llm
     finally:
         async_llm.shutdown()
