@@ -2,7 +2,7 @@
 
     lab serve [HYDRA OVERRIDES...] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
               [--run-dir DIR]            # logger=[console,jsonl,wandb] record the live steps
-              [--api-key KEY] [--max-body-bytes N] [--max-concurrent-requests N]
+              [--api-key KEY] [--max-body-bytes N] [--max-concurrent-requests N] [--max-n N]
               [--shutdown-timeout S] [--keep-alive-on-engine-death]   # README "Serving"
     lab run [run.py arguments...]              # python run.py ...
     lab knobs [--markdown]                     # every knob: default, allowed values, help
@@ -96,6 +96,8 @@ def serve_parser() -> argparse.ArgumentParser:
                         default=default.max_concurrent_requests,
                         help="refuse completions beyond this many in flight with 429 "
                              "(default: no limit)")
+    parser.add_argument("--max-n", type=int, default=default.max_n,
+                        help="the most completions one request may ask for (n)")
     parser.add_argument("--shutdown-timeout", type=float, default=5.0,
                         help="on SIGTERM / Ctrl-C, seconds requests in flight get to finish "
                              "before they are aborted")
@@ -157,7 +159,8 @@ def server_limits(args: argparse.Namespace):
 
     return ServerLimits(api_key=args.api_key or os.environ.get("LAB_API_KEY") or None,
                         max_body_bytes=args.max_body_bytes,
-                        max_concurrent_requests=args.max_concurrent_requests)
+                        max_concurrent_requests=args.max_concurrent_requests,
+                        max_n=args.max_n)
 
 
 def _interrupt(signum: int, _frame) -> None:

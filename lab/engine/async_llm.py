@@ -15,7 +15,16 @@ process; the engine core runs where `engine_client` says, and a driver moves its
   detokenizer and the model step run in parallel on two processes.
 - `inproc` (and the synchronous `mp` client): one background thread steps the engine while it
   holds requests and sleeps on a `threading.Event` when idle. The engine is not thread-safe:
-  every access to it (add, abort, step, tokenize) holds the driver's lock.
+  every access to it (add, abort, step) holds the driver's lock.
+
+Tokenizing a prompt and rendering a chat template (`tokenize`, `render_chat`,
+`apply_chat_template`) take long for a long prompt, and on the event loop they would stall
+every other request (async_mp's handler, /health). They run on a thread of AsyncLLM's own (one
+worker, started at the first call, stopped by `shutdown`), outside the driver's lock: they read
+only the tokenizer, never the engine. The engine reads that tokenizer meanwhile (its
+detokenizer: on the loop with async_mp, on the engine thread with inproc); concurrent reads of
+an HF tokenizer are safe (lab/frontend/tokenizer.py), so neither waits for the other — as in
+vLLM, whose server tokenizes on a one-thread executor while its output handler detokenizes.
 
 Outputs reach each request's consumer through its own `asyncio.Queue`. A consumer that stops
 (cancelled, generator closed, client gone) aborts its request; the core frees its KV blocks
@@ -31,6 +40,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +139,11 @@ class AsyncLLM:
         self._dead: BaseException | None = None
         driver = _LoopDriver if isinstance(engine.core, AsyncMPClient) else _ThreadDriver
         self._driver: _Driver = driver(self)
+        # the tokenizer's thread (module docstring): started by the first call, under the lock
+        self._tokenizer_pool: ThreadPoolExecutor | None = None
+        self._tokenizer_lock = threading.Lock()
+        if engine.tokenizer is not None:
+            engine.tokenizer.max_chars_per_token  # noqa: B018 - computed now, not on a request
 
     @classmethod
     def from_config(cls, cfg: DictConfig, loggers: list[StatLogger] | None = None) -> AsyncLLM:
@@ -156,6 +171,16 @@ class AsyncLLM:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size: token ids are in [0, vocab_size)."""
+        return self.engine.processor.vocab_size
+
+    @property
+    def model_path(self) -> str:
+        """The model's checkpoint directory (what the engine loaded its config from)."""
+        return str(self.engine.hf_config.name_or_path)
 
     @property
     def max_logprobs(self) -> int:
@@ -230,19 +255,53 @@ class AsyncLLM:
             stream.aborted = True
         self._driver.abort(request_id)
 
-    async def tokenize(self, text: str) -> list[int]:
-        return await self._driver.run(lambda: self.engine.tokenizer.encode(text))
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The token ids of `text`, computed on the tokenizer's thread (module docstring);
+        add_special_tokens=False for a rendered chat template, which has its own."""
+        tok = self._tokenizer_for("text prompts need")
+        return await self._on_tokenizer_thread(lambda: tok.encode(text, add_special_tokens))
+
+    async def render_chat(self, messages: list[dict]) -> str:
+        """The messages rendered with the model's chat template, as text (tokenize it with
+        add_special_tokens=False), on the tokenizer's thread."""
+        tok = self._tokenizer_for("chat needs")
+        return await self._on_tokenizer_thread(lambda: tok.render_chat(messages, None, True))
 
     async def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        """The token ids of the messages under the model's chat template, on the tokenizer's
+        thread."""
+        tok = self._tokenizer_for("chat needs")
+        return await self._on_tokenizer_thread(
+            lambda: tok.apply_chat_template(messages, None, True))
+
+    def _tokenizer_for(self, what: str):
         tok = self.engine.tokenizer
         if tok is None:
-            raise ValueError("chat needs the model's tokenizer, and this model has none")
-        return await self._driver.run(lambda: tok.apply_chat_template(messages, None, True))
+            raise ValueError(f"{what} the model's tokenizer, and this model has none")
+        return tok
+
+    async def _on_tokenizer_thread(self, fn: Callable[[], Any]) -> Any:
+        """fn() on the tokenizer's thread, awaited without blocking the loop."""
+        return await asyncio.wrap_future(self._submit_to_tokenizer(fn))
+
+    def _submit_to_tokenizer(self, fn: Callable[[], Any]) -> Future:
+        """Queue fn on the tokenizer's thread (started here the first time); a shut-down
+        AsyncLLM refuses with EngineDeadError. Under the lock, so shutdown never races it."""
+        with self._tokenizer_lock:
+            self._check_running()
+            if self._tokenizer_pool is None:
+                self._tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="lab-tokenizer")
+            return self._tokenizer_pool.submit(fn)
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the driver and the engine (its core process, if any); unfinished requests end,
-        their consumers get EngineDeadError."""
-        self._stopped = True
+        """Stop the tokenizer's thread (once it finished what it holds), the driver and the
+        engine (its core process, if any); unfinished requests end, their consumers get
+        EngineDeadError."""
+        with self._tokenizer_lock:  # nothing is queued on the tokenizer's thread after this
+            self._stopped = True
+            pool, self._tokenizer_pool = self._tokenizer_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
         self._driver.stop(timeout)
         ids = list(self._streams)
         self._fail_all(EngineDeadError("the engine was shut down"))

@@ -43,7 +43,8 @@ def build_app(async_llm: AsyncLLM, model_name: str = "lab",
               limits: ServerLimits | None = None,
               on_engine_death: Callable[[str], None] | None = None) -> FastAPI:
     """The FastAPI app serving `async_llm` under the model name `model_name`, admitting what
-    `limits` allow (default: ServerLimits()); `on_engine_death(reason)` is called once if the engine dies."""
+    `limits` allow (default: ServerLimits()); `on_engine_death(reason)` is called once if
+    the engine dies."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -56,9 +57,11 @@ def build_app(async_llm: AsyncLLM, model_name: str = "lab",
 
     app = FastAPI(title="lab OpenAI-compatible server", version=system.lab_version(),
                   lifespan=lifespan)
-    app.state.server = ServerState(async_llm, model_name, prometheus_of(async_llm, model_name))
+    limits = limits or ServerLimits()
+    app.state.server = ServerState(async_llm, model_name, prometheus_of(async_llm, model_name),
+                                   model_root=async_llm.model_path, limits=limits)
     add_exception_handlers(app)
-    add_limits(app, limits or ServerLimits())
+    add_limits(app, limits)
     for router in (completions.router, models.router, system.router):
         app.include_router(router)
     return app

@@ -1,7 +1,13 @@
 """POST /v1/completions and /v1/chat/completions: a request body -> prompt ids and
 SamplingParams -> AsyncLLM.add_request -> one JSON answer or a stream of events
 (lab/serve/responses.py). Every bad value is a BadRequest naming its field, before the engine
-sees the request.
+sees the request; a model the server does not serve is a 404 (vLLM's order: the model first).
+
+The cheap checks come before the prompt is tokenized, and a text prompt too long to fit the
+context is refused before it is tokenized too, by a lower bound on its token count
+(Tokenizer.min_num_tokens): megabytes of text never hold the tokenizer's thread. A prompt
+that fills the context is blamed on itself (`prompt`, chat's `messages`); max_tokens only when
+the prompt fits and max_tokens does not fit beside it.
 """
 
 from __future__ import annotations
@@ -15,10 +21,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from lab.core.sampling_params import RequestOutputKind, SamplingParams
 from lab.engine.async_llm import AsyncLLM, RequestStream
 from lab.serve.disconnect import CLIENT_GONE, unless_disconnected
-from lab.serve.errors import BadRequest, check_text, failure_response, param_of
+from lab.serve.errors import BadRequest, NotFound, check_text, failure_response, param_of
 from lab.serve.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from lab.serve.responses import Reply, full_response, stream_events
-from lab.serve.state import State
+from lab.serve.state import ServerState, State
 
 router = APIRouter(tags=["completions"])
 
@@ -31,12 +37,14 @@ _OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty"
 async def completions(body: CompletionRequest, state: State, request: Request):
     """A text completion of one prompt (a string, a one-string list, or token ids)."""
     llm = state.async_llm
+    check_before_prompt(body, state)
     prompt = _one_prompt(body)
     if body.echo:
         raise BadRequest("echo is not supported", "echo")
     if body.suffix is not None:
         raise BadRequest("suffix is not supported", "suffix")
-    ids = prompt if isinstance(prompt, list) else await _tokenize(llm, prompt)
+    ids = prompt if isinstance(prompt, list) else await _tokenize(llm, prompt, "prompt")
+    check_prompt_fits(len(ids), llm.max_model_len, "prompt")
     params = sampling_params(body, body.max_tokens, len(ids), llm.max_model_len,
                              logprobs=body.logprobs)
     reply = Reply(f"cmpl-{uuid.uuid4().hex}", False, state.model_name, body.logprobs)
@@ -47,8 +55,10 @@ async def completions(body: CompletionRequest, state: State, request: Request):
 async def chat_completions(body: ChatCompletionRequest, state: State, request: Request):
     """The assistant's next message after `messages`, through the model's chat template."""
     llm = state.async_llm
-    ids = await _chat_prompt(llm, body)
+    check_before_prompt(body, state)
     top = _top_logprobs(body, llm.max_logprobs)
+    ids = await _chat_prompt(llm, body)
+    check_prompt_fits(len(ids), llm.max_model_len, "messages")
     logprobs = top if body.logprobs else None
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     params = sampling_params(body, getattr(body, name), len(ids), llm.max_model_len,
@@ -102,22 +112,97 @@ def _one_prompt(body: CompletionRequest) -> str | list[int]:
     return prompt
 
 
-async def _tokenize(llm: AsyncLLM, text: str) -> list[int]:
+# -- checks before the prompt is tokenized ----------------------------------------------------
+def check_before_prompt(body: _Sampling, state: ServerState) -> None:
+    """The checks that need no tokenizing, in vLLM's order: the model, then the fields."""
+    check_model(body.model, state.model_name)
+    if body.stream_options is not None and body.stream_options.model_fields_set \
+            and not body.stream:  # vLLM refuses stream_options when truthy ({} passes)
+        raise BadRequest("Stream options (stream_options) can only be defined when "
+                         "`stream=True`.", "stream_options")
+    if body.n > state.limits.max_n:
+        raise BadRequest(f"n must be at most {state.limits.max_n} (this server's max_n), got "
+                         f"{body.n}", "n")
+    check_logit_bias(body.logit_bias, state.async_llm.vocab_size)
+    stops = [body.stop] if isinstance(body.stop, str) else body.stop or []
+    for i, stop in enumerate(stops):
+        check_text(stop, "stop", "stop" if isinstance(body.stop, str) else f"stop[{i}]")
+
+
+def check_model(model: str | None, served: str) -> None:
+    """vLLM's rule: no model (or an empty name) asks for the served one; another is a 404."""
+    if model and model != served:
+        check_text(model, "model")  # a lone surrogate cannot be echoed back as JSON
+        raise NotFound(f"The model `{model}` does not exist.", "model")
+
+
+def check_logit_bias(bias: dict[str, float] | None, vocab_size: int) -> None:
+    """Each key a token id of the vocabulary, each bias in OpenAI's [-100, 100]. The count is
+    checked first, in O(1): distinct token ids are at most vocab_size, so a larger dict (10**6
+    keys) is refused before any per-key work, which is then bounded by the vocabulary."""
+    if not bias:
+        return
+    if len(bias) > vocab_size:
+        raise BadRequest(f"logit_bias has {len(bias)} entries, more than the {vocab_size} token "
+                         "ids of the vocabulary", "logit_bias")
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            token = -1
+        if not 0 <= token < vocab_size:
+            raise BadRequest(f"logit_bias keys must be token ids in [0, {vocab_size}), got "
+                             f"{key!r}", "logit_bias")
+        if not -100 <= value <= 100:
+            raise BadRequest(f"logit_bias values must be in [-100, 100], got {value!r} for "
+                             f"token {token}", "logit_bias")
+
+
+# -- the prompt ----------------------------------------------------------------------------
+async def _tokenize(llm: AsyncLLM, text: str, param: str,
+                    add_special_tokens: bool = True) -> list[int]:
+    """The text's token ids, unless a lower bound on their count already fills the context
+    (then refused at once, untokenized)."""
     if llm.tokenizer is None:
-        raise BadRequest("this model has no tokenizer: give prompt as token ids", "prompt")
-    return await llm.tokenize(text)
+        raise BadRequest(f"this model has no tokenizer: give {param} as token ids", param)
+    least = llm.tokenizer.min_num_tokens(text)
+    if least >= llm.max_model_len:
+        raise BadRequest(_too_long(param, f"at least {least} tokens ({len(text)} characters)",
+                                   llm.max_model_len), param)
+    return await llm.tokenize(text, add_special_tokens)
+
+
+def check_prompt_fits(num_tokens: int, max_model_len: int, param: str) -> None:
+    """A BadRequest naming the prompt's field (`prompt`, or chat's `messages`) when the prompt
+    alone leaves no room for an output token."""
+    if num_tokens >= max_model_len:
+        raise BadRequest(_too_long(param, f"{num_tokens} tokens", max_model_len), param)
+
+
+def _too_long(param: str, size: str, max_model_len: int) -> str:
+    """vLLM's message, naming the field to shorten."""
+    prompt = "the chat prompt (the messages in the chat template)" if param == "messages" \
+        else "the prompt"
+    return (f"{param}: {prompt} has {size}, but this model's maximum context length is "
+            f"{max_model_len} tokens (max_model_len), which leaves no room for an output "
+            f"token; shorten {param}")
 
 
 async def _chat_prompt(llm: AsyncLLM, body: ChatCompletionRequest) -> list[int]:
-    """The prompt ids of the messages under the model's chat template."""
+    """The prompt ids of the messages under the model's chat template: rendered as text
+    first, so that a text too long is refused before it is tokenized."""
+    messages = []
     for i, m in enumerate(body.messages):
-        check_text(m.content, "messages", f"messages[{i}].content")
+        text = m.text
+        check_text(text, "messages", f"messages[{i}].content")
         check_text(m.name or "", "messages", f"messages[{i}].name")
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        messages.append({"role": m.role, "content": text}
+                        | ({"name": m.name} if m.name is not None else {}))
     try:
-        return await llm.apply_chat_template(messages)
+        rendered = await llm.render_chat(messages)
     except ValueError as e:
         raise BadRequest(str(e), "messages") from None
+    return await _tokenize(llm, rendered, "messages", add_special_tokens=False)
 
 
 def _top_logprobs(body: ChatCompletionRequest, most: int) -> int:

@@ -1,8 +1,9 @@
 """The server's errors, all in OpenAI's format: {"error": {"message", "type", "param", "code"}}.
 
 Bad input is a 400 naming the field (`BadRequest`, pydantic's validation errors, a body that is
-no JSON), Starlette's own errors keep their status (404, 405), a dead engine is a 503
-(`EngineDeadError`). `add_exception_handlers(app)` installs the handlers.
+no JSON), a model the server does not serve a 404 naming `model` (`NotFound`), Starlette's own
+errors keep their status (404, 405), a dead engine is a 503 (`EngineDeadError`).
+`add_exception_handlers(app)` installs the handlers.
 """
 
 from __future__ import annotations
@@ -19,12 +20,25 @@ from lab.core.sampling_params import FIELDS
 from lab.engine.core import EngineDeadError
 
 
-class BadRequest(ValueError):
-    """The client's mistake: a 400 whose error names `param`, the request field at fault."""
+class ApiError(ValueError):
+    """The client's mistake, answered with `status` and OpenAI's error `kind`, naming `param`,
+    the request field at fault."""
+
+    status, kind = 400, "BadRequestError"
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class BadRequest(ApiError):
+    """A 400: a field's value the server cannot serve."""
+
+
+class NotFound(ApiError):
+    """A 404: the request names something the server does not have (e.g. another model)."""
+
+    status, kind = 404, "NotFoundError"
 
 
 def error_object(message: str, param: str | None = None, status: int = 400,
@@ -105,8 +119,8 @@ async def _http(_: Request, exc: HTTPException) -> JSONResponse:
     return error_response(message, param, exc.status_code, kind, exc.headers)
 
 
-async def _bad(_: Request, exc: BadRequest) -> JSONResponse:
-    return error_response(str(exc), exc.param)
+async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    return error_response(str(exc), exc.param, exc.status, exc.kind)
 
 
 async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
@@ -117,5 +131,5 @@ def add_exception_handlers(app: FastAPI) -> None:
     """Answer every error above in OpenAI's format."""
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(HTTPException, _http)
-    app.add_exception_handler(BadRequest, _bad)
+    app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(EngineDeadError, _dead)

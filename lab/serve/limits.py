@@ -11,6 +11,8 @@ streamed answer passes through untouched and a request is counted until its last
   beyond it).
 - `max_concurrent_requests`: a completion beyond this many in flight gets 429 at once (a
   client backs off) instead of queueing without bound.
+- `max_n`: the most completions one request may ask for (`n`; a larger one is a 400 naming
+  it); vLLM's default cap (VLLM_MAX_N_SEQUENCES).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
+
+from lab.core.sampling_params import MAX_N
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -38,8 +42,11 @@ class ServerLimits:
     api_key: str | None = None
     max_body_bytes: int | None = 16 * 1024 * 1024
     max_concurrent_requests: int | None = None
+    max_n: int = MAX_N
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_n, int) or not 1 <= self.max_n <= MAX_N:
+            raise ValueError(f"max_n must be an integer in [1, {MAX_N}], got {self.max_n!r}")
         for name in ("max_body_bytes", "max_concurrent_requests"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

@@ -1,6 +1,7 @@
-"""What every route of a server reaches: the AsyncLLM it serves, the served model's name, when
-the server started, and the Prometheus metrics /metrics exposes. One `ServerState` per app, in
-`app.state.server`; a route takes it as a dependency:
+"""What every route of a server reaches: the AsyncLLM it serves, the served model's name and
+checkpoint directory, when the server started, the Prometheus metrics /metrics exposes, and the
+server's limits on requests. One `ServerState` per app, in `app.state.server`; a route takes it
+as a dependency:
 
     @router.get("/v1/models")
     async def models(state: State) -> dict: ...
@@ -16,16 +17,22 @@ from fastapi import Depends, Request
 
 from lab.engine.async_llm import AsyncLLM
 from lab.metrics.prometheus import PrometheusLogger
+from lab.serve.limits import ServerLimits
 
 
 @dataclass(frozen=True)
 class ServerState:
-    """The engine a server serves, under which name, and its metrics."""
+    """The engine a server serves, under which name, its metrics, and the server's limits."""
 
     async_llm: AsyncLLM
     model_name: str
     prometheus: PrometheusLogger
     created: int = field(default_factory=lambda: int(time.time()))
+    # /v1/models' `root`: the checkpoint directory, as vLLM gives it (clients such as
+    # `vllm bench serve` load their tokenizer from it); "" for the served name
+    model_root: str = ""
+    # what the server admits (lab/serve/limits.py); a route reads max_n
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
 
 def prometheus_of(async_llm: AsyncLLM, model_name: str) -> PrometheusLogger:

@@ -10,9 +10,11 @@ from lab.config.compose import compose_config
 from lab.engine.async_llm import AsyncLLM
 from lab.engine.llm import LLM
 from lab.serve.api_server import build_app
+from lab.serve.limits import ServerLimits
 from tests.serve.uvicorn_thread import serving
 
 KW = dict(attention="torch", num_gpu_blocks=64, block_size=4, max_model_len=128)
+MAX_N = 4  # the servers' max_n (a request asks for at most 4 completions)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,7 @@ def server(request, llm):
             ["model=tiny_llama", "logger=[]", "engine_client=async_mp",
              *(f"{k}={v}" for k, v in KW.items())]))
     try:
-        with serving(build_app(async_llm, "tiny_llama")) as url:
+        with serving(build_app(async_llm, "tiny_llama", ServerLimits(max_n=MAX_N))) as url:
             yield url, async_llm
     finally:
         async_llm.shutdown()

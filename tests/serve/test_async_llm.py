@@ -4,6 +4,7 @@ consumers that stop abort and free their blocks; a failed step fails only its re
 shutdown ends every stream."""
 
 import asyncio
+import threading
 
 import pytest
 
@@ -159,9 +160,15 @@ def test_failed_step_fails_only_its_consumers(client):
 
 
 def test_shutdown_ends_every_stream(llm):
+    """... and stops the tokenizer's thread: a later tokenize is refused like a request."""
     a = AsyncLLM(llm.engine)
+    before = set(threading.enumerate())
+    started = []
 
     async def main():
+        assert await a.tokenize("Hello") == llm.get_tokenizer().encode("Hello")
+        started.extend(t for t in threading.enumerate()
+                       if t not in before and t.name.startswith("lab-tokenizer"))
         stream = await a.add_request("Hello", SamplingParams(max_tokens=100, ignore_eos=True))
         a.shutdown()
         with pytest.raises(EngineDeadError):
@@ -169,10 +176,13 @@ def test_shutdown_ends_every_stream(llm):
                 pass
         with pytest.raises(EngineDeadError):
             await a.add_request("Hello", SamplingParams())
+        with pytest.raises(EngineDeadError):
+            await a.tokenize("Hello")
 
     asyncio.run(main())
     assert not a.is_healthy
     assert llm.engine.scheduler.kv.num_used_blocks == 0
+    assert len(started) == 1 and not started[0].is_alive()
 
 
 @pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE])

@@ -1,7 +1,8 @@
 """Fuzzing the OpenAI-compatible server's request bodies (hypothesis) on tiny_llama: whatever a
 client posts to /v1/completions or /v1/chat/completions, the answer is never a 5xx; a 4xx is a
 400 in OpenAI's error format ({"error": {"message", "type", "param", "code"}}) whose `param`
-names the top-level field at fault (and the message mentions it); a 200 is well formed (one
+names the top-level field at fault (and the message mentions it), or a 404 naming `model` for a
+model the server does not serve; a 200 is well formed (one
 choice per n, usage adds up; a stream ends with `data: [DONE]` and carries no error); afterwards
 the server still serves, no request is left in the engine and every KV block is free.
 
@@ -100,8 +101,8 @@ BOOL = Field(st.booleans(), st.sampled_from(["yes", "true", "maybe", 1, 2, 0.5, 
 LOGPROBS_K = Field(st.integers(0, 5) | st.none(),
                    st.sampled_from([-1, -2, 20, 21, 10**6, 1.5, "x", True]) | HUGE_INTS)
 SHARED = {
-    "model": Field(st.sampled_from(["tiny_llama", "gpt-4o"]) | TEXT | st.none(),
-                   st.integers() | st.just([])),
+    "model": Field(st.sampled_from(["tiny_llama", ""]) | st.none(),  # else a 404
+                   st.sampled_from(["gpt-4o", "TINY_LLAMA"]) | TEXT | st.integers() | st.just([])),
     "max_tokens": MAX_TOKENS,
     "temperature": Field(st.sampled_from([0, 0.0, 1e-3, TINY, 2]) | st.floats(0, 2),
                          st.floats(-1e308, -TINY) | st.floats(2.0001, 1e308) | BAD_FLOATS
@@ -280,10 +281,21 @@ def post(client, path: str, body, headers=JSON):
     return client.post(path, content=raw, headers=headers)
 
 
+def check_not_found(r, body) -> None:
+    """A 404 in OpenAI's format, for a body that names a model the server does not serve."""
+    assert isinstance(body, dict) and isinstance(body.get("model"), str), (r.text, body)
+    assert body["model"] not in ("", "tiny_llama"), (r.text, body)
+    err = r.json()["error"]
+    assert err == {"message": f"The model `{body['model']}` does not exist.",
+                   "type": "NotFoundError", "param": "model", "code": 404}, err
+
+
 def check_response(r, path: str, body) -> None:
     assert r.status_code < 500, (r.status_code, r.text, body)
-    assert r.status_code in (200, 400), (r.status_code, r.text, body)  # no 422, no 404
-    if r.status_code == 400:
+    assert r.status_code in (200, 400, 404), (r.status_code, r.text, body)  # no 422
+    if r.status_code == 404:
+        check_not_found(r, body)
+    elif r.status_code == 400:
         check_error(r, body, path)
     else:
         assert isinstance(body, dict), (r.text, body)
@@ -350,6 +362,26 @@ REGRESSIONS = [
             "top_logprobs": -1}, "top_logprobs"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "logprobs": True,
             "top_logprobs": 21}, "top_logprobs"),
+    # by hand: a lone surrogate in a stop string gave param null and the codec's message
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 1, "stop": ["ok", "\ud800"]}, "stop"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+            "stop": "\udfff"}, "stop"),
+    # by hand: stream_options without stream=true was accepted (vLLM refuses it)
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 1, "stream_options": {"include_usage": True}},
+     "stream_options"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "stream": False,
+            "stream_options": {"include_usage": False}}, "stream_options"),
+    # by hand: logit_bias beyond OpenAI's [-100, 100] was accepted
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 1, "logit_bias": {"5": 1e308}}, "logit_bias"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 1, "logit_bias": {"5": -100.5}}, "logit_bias"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 1, "logit_bias": {"5": 100, "6": -100}}, None),
+    # by hand: booleans and floats were read as token ids (true -> 1, 2.0 -> 2)
+    (COMPLETIONS, {"prompt": [True, False], "max_tokens": 1}, "prompt"),
+    (COMPLETIONS, {"prompt": [5, 2.0], "max_tokens": 1}, "prompt"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 1, "stop_token_ids": [True]},
+     "stop_token_ids"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+            "stop_token_ids": [7.0]}, "stop_token_ids"),
 ]
 
 

@@ -27,6 +27,8 @@ def test_the_server_uses_only_asyncllms_public_api():
 class FakeAsyncLLM:
     """The part of AsyncLLM's public API build_app uses."""
 
+    model_path = "checkpoint"
+
     def __init__(self, loggers):
         self.stat_loggers = tuple(loggers)
 
