@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import queue
 import signal
-import threading
 
 import msgspec
 import pytest
@@ -57,14 +55,14 @@ def _stop_for_good(a: AsyncLLM) -> None:
 
 def test_a_stopped_core_is_declared_dead_and_killed_an_idle_one_is_not():
     # steps of at least 50 ms: the request is surely still running when the core stops
-    a = _async_llm("core_timeout_s=2", "num_gpu_blocks=64",
+    a = _async_llm("core_timeout_s=3",
                    "executor._target_=tests.serve.flaky_executor.FlakyExecutor",
                    "+executor.min_step_s=0.05")
     proc = a.engine.core.proc
 
     async def main():
         await a.get_status()  # the output handler runs (and listens) from here on
-        await asyncio.sleep(3)  # idle longer than core_timeout_s: the heartbeats keep it alive
+        await asyncio.sleep(4.5)  # idle past core_timeout_s: the heartbeats keep it alive
         assert a.is_healthy
         assert len((await _final(a, [3, 4, 5])).outputs[0].token_ids) == 4
         stream = await a.add_request([3, 4, 5], LONG)
@@ -131,20 +129,17 @@ class _Unsendable:
 
 
 def test_an_output_that_does_not_encode_fails_its_requests():
-    """The output thread alone (no core process): an unencodable result fails its requests,
+    """The output thread alone (no core, no process): an unencodable result fails its requests,
     and the core is told to drop the unfinished ones; a heartbeat crosses as an empty frame."""
-    ctx = zmq.Context()
-    sink = ctx.socket(zmq.PULL)
-    port = sink.bind_to_random_port("tcp://127.0.0.1")
-    proc = EngineCoreProc.__new__(EngineCoreProc)  # its queues and sockets, no core
-    proc.inputs, proc.outputs, proc.ctx = queue.Queue(), queue.Queue(), ctx
-    proc._beat_queued = threading.Event()
-    thread = threading.Thread(target=proc._output_loop, args=(f"tcp://127.0.0.1:{port}",))
+    addr = "inproc://outputs"
+    proc = EngineCoreProc(None, "inproc://unused", addr, heartbeat_s=None)
+    sink = proc.ctx.socket(zmq.PULL)
+    sink.bind(addr)
+    thread = proc.threads[1]  # the output thread
     thread.start()
     try:
         outs = [EngineCoreOutput("a", [7]), EngineCoreOutput("b", [8], finish_reason="stop")]
-        bad = EngineCoreOutputs(outs, step_stats=_Unsendable())
-        proc.outputs.put(bad)
+        proc.outputs.put(EngineCoreOutputs(outs, step_stats=_Unsendable()))
         assert sink.poll(int(DEADLINE_S * 1000))
         sent = MessageCodec().decode(sink.recv(), EngineCoreOutputs)
         assert [(o.request_id, o.finish_reason) for o in sent.outputs] == [("a", "error"),
@@ -158,4 +153,4 @@ def test_an_output_that_does_not_encode_fails_its_requests():
         proc.outputs.put(None)
         thread.join(DEADLINE_S)
         sink.close(linger=0)
-        ctx.term()
+        proc.ctx.term()
