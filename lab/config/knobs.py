@@ -90,6 +90,12 @@ class EngineKnobs:
         details="ZMQ + msgspec, lab/engine/core_proc.py; step statistics travel back to the "
                 "loggers; a dead core process raises EngineDeadError at once (not with "
                 "executor=sim)")
+    core_timeout_s: float | None = knob(
+        30.0, "mp / async_mp: silence of the core process after which the frontend declares it "
+        "stopped or hung (EngineDeadError; its requests fail)", gt=0, unit="seconds",
+        null="never: a stopped core is waited for",
+        details="the core sends a heartbeat every min(1 s, core_timeout_s / 4) from a thread "
+                "of its own, during steps too: only a stopped or wedged process goes silent")
     async_scheduling: bool = knob(
         False, "schedule step N+1 while step N runs (vLLM V1's async scheduling)",
         details="placeholders for the tokens in flight, lab/engine/async_steps.py; the same "

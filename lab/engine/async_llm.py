@@ -31,7 +31,7 @@ Outputs reach each request's consumer through its own `asyncio.Queue`. A consume
 before its next step. A step that raises fails only the requests it touched: their consumers get
 EngineStepError; the others go on. If the engine thread or the core process dies, `is_healthy`
 turns False and every consumer gets EngineDeadError (the core's death is noticed within
-POLL_S).
+POLL_S; a core process that is stopped or hung, within `core_timeout_s`: lab/engine/client.py).
 """
 
 from __future__ import annotations
@@ -522,10 +522,11 @@ class _LoopDriver(_Driver):
             super().put(stream, item)
 
     def alive(self) -> bool:
-        """The core process lives and the handler has not died (cancelled with its closed loop
-        is fine: the next request starts another)."""
+        """The core process lives and answers (the client has not declared it dead: gone, or
+        silent past core_timeout_s) and the handler has not died (cancelled with its closed
+        loop is fine: the next request starts another)."""
         task = self._task
-        return self.core.proc.is_alive() and not (
+        return self.core.dead is None and self.core.proc.is_alive() and not (
             task is not None and task.done() and not task.cancelled())
 
     def stop(self, timeout: float) -> None:

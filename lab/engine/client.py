@@ -9,7 +9,10 @@ next EngineCoreOutputs (the core steps on its own while it has requests). An abo
 the requests' final outputs at once; the core's own (with their statistics) follow. A step that failed in the core
 raises EngineCoreError here after handing its failed requests to take_failed(), like
 EngineCore.step. If the core process dies, every call raises EngineDeadError naming it (checked
-at least every POLL_S while waiting), never hangs.
+at least every POLL_S while waiting), never hangs. A core process that lives but says nothing for
+`core_timeout_s` while a call waits on it (it sends a heartbeat every heartbeat_interval() s,
+during steps too: lab/engine/core_proc.py) is stopped or hung: it is declared dead the same way,
+and shutdown() kills it.
 
 AsyncMPClient adds `await get_output_async()` (the next step result, for one output-handler
 task) and `await call_utility_async(...)`, so a server's event loop waits on the core without a
@@ -32,6 +35,7 @@ import zmq
 import zmq.asyncio
 from omegaconf import DictConfig, OmegaConf
 
+from lab.config.knobs import EngineKnobs
 from lab.core.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -41,11 +45,34 @@ from lab.core.protocol import (
 )
 from lab.core.request import FINISH_REASONS, RequestStatus
 from lab.engine.core import EngineCore, EngineDeadError
-from lab.engine.core_proc import ABORT, ADD, SHUTDOWN, UTILITY, AbortMessage, run_engine_core
+from lab.engine.core_proc import (
+    ABORT,
+    ADD,
+    EXIT_FAULT,
+    SHUTDOWN,
+    UTILITY,
+    AbortMessage,
+    is_heartbeat,
+    run_engine_core,
+)
 from lab.engine.serial import MessageCodec
 
 POLL_S = 0.1  # how often a waiting call checks that the core process is alive
 STARTUP_TIMEOUT_S = 900.0  # loading a big checkpoint takes a while
+
+
+def heartbeat_interval(timeout_s: float | None) -> float | None:
+    """How often the core process sends a heartbeat when the frontend declares it dead after
+    `timeout_s` of silence: four times per timeout (a late heartbeat or two is no death), and
+    at least once a second (None: no timeout, no heartbeats)."""
+    return None if timeout_s is None else min(1.0, timeout_s / 4)
+
+
+def exit_description(code: int | None) -> str:
+    """The core process's exit code, and what lab's own code means."""
+    if code == EXIT_FAULT:
+        return f"exit code {code}: it stopped on a fault, logged there with its traceback"
+    return f"exit code {code}"
 
 
 class EngineCoreError(RuntimeError):
@@ -69,11 +96,13 @@ class MPClient:
         self.output.bind(output_addr)
         self.codec = MessageCodec()
         self.abort_encoder = msgspec.msgpack.Encoder()
+        self.timeout_s = EngineKnobs.of(cfg).core_timeout_s
         spawn = multiprocessing.get_context("spawn")
         ready, child_end = spawn.Pipe(duplex=False)
         self.proc = spawn.Process(
             target=run_engine_core, name="lab-engine-core", daemon=True,
-            args=(OmegaConf.to_container(cfg, resolve=False), input_addr, output_addr, child_end))
+            args=(OmegaConf.to_container(cfg, resolve=False), input_addr, output_addr, child_end,
+                  heartbeat_interval(self.timeout_s)))
         self.proc.start()
         child_end.close()
         try:
@@ -81,6 +110,7 @@ class MPClient:
         except BaseException:  # e.g. Ctrl-C / SIGTERM while the core loads: leave nothing
             self.shutdown()
             raise
+        self._heard = time.monotonic()  # when a frame of the core's last came
         self._live: set[str] = set()  # requests sent whose final output has not come back
         self._failed: list[EngineCoreOutput] = []
         self._early: deque[EngineCoreOutputs] = deque()  # step results read by call_utility
@@ -119,7 +149,7 @@ class MPClient:
     # -- what LLMEngine calls ------------------------------------------------------------------
     def add_request(self, request: EngineCoreRequest) -> None:
         self._check_alive()
-        self.input.send_multipart([ADD, self.codec.encode(request)])
+        self._send([ADD, self.codec.encode(request)])
         self._live.add(request.request_id)
 
     def abort_requests(
@@ -134,7 +164,7 @@ class MPClient:
         ids = [r for r in request_ids if r in self._live]
         if ids:
             message = AbortMessage(ids, int(status))
-            self.input.send_multipart([ABORT, self.abort_encoder.encode(message)])
+            self._send([ABORT, self.abort_encoder.encode(message)])
         return [EngineCoreOutput(r, [], finish_reason=FINISH_REASONS[status]) for r in ids]
 
     def has_unfinished_requests(self) -> bool:
@@ -173,8 +203,7 @@ class MPClient:
             raise ValueError(f"utility {method!r} is not one of {sorted(EngineCore.UTILITIES)}")
         self._check_alive()
         call_id = next(self._call_ids)
-        self.input.send_multipart([UTILITY, self.codec.encode(UtilityCall(call_id, method,
-                                                                         list(args)))])
+        self._send([UTILITY, self.codec.encode(UtilityCall(call_id, method, list(args)))])
         return call_id
 
     @staticmethod
@@ -184,11 +213,39 @@ class MPClient:
                                   f"{answer.error}")
         return msgspec.convert(answer.result, EngineCore.UTILITIES[method])
 
+    def _send(self, frames: list[bytes]) -> None:
+        """Send to the core, never blocking for good: a PUSH waits while no core is connected
+        (its input thread ended a moment before the process does), so wait at most POLL_S at a
+        time while the process lives, and declare it dead once it took nothing for
+        core_timeout_s."""
+        start = time.monotonic()
+        while True:
+            try:
+                self.input.send_multipart(frames, flags=zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                self._check_alive()
+            waited = time.monotonic() - start
+            if self.timeout_s is not None and waited > self.timeout_s:
+                self._declare_dead(f"the engine core (pid {self.proc.pid}) has taken no input "
+                                   f"for {waited:.1f} s (core_timeout_s={self.timeout_s:g})")
+                raise EngineDeadError(self.dead)
+            self.input.poll(int(POLL_S * 1000), zmq.POLLOUT)
+
     def _recv(self) -> EngineCoreOutputs:
         """The core's next message (waiting, checking that the core lives every POLL_S)."""
-        while not self.output.poll(int(POLL_S * 1000)):
-            self._check_alive()
-        return self._track(self.codec.decode(self.output.recv(), EngineCoreOutputs))
+        while True:
+            while not self.output.poll(int(POLL_S * 1000)):
+                self._check_alive(waiting=True)
+            data = self.output.recv()
+            if self._heard_from(data):
+                return self._track(self.codec.decode(data, EngineCoreOutputs))
+
+    def _heard_from(self, data) -> bool:
+        """Note that the core spoke; whether `data` is a message (not a heartbeat, which no
+        consumer sees)."""
+        self._heard = time.monotonic()
+        return not is_heartbeat(data)
 
     def _track(self, result: EngineCoreOutputs) -> EngineCoreOutputs:
         for out in result.outputs:
@@ -201,26 +258,46 @@ class MPClient:
         return failed
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def _check_alive(self) -> None:
+    def _check_alive(self, waiting: bool = False) -> None:
+        """Raise EngineDeadError if the core process died, or (`waiting`: called by a wait that
+        has just found nothing to read, so every frame that came was read) if it has been
+        silent for longer than core_timeout_s. Only a wait judges silence: between calls nobody
+        reads, and the heartbeats that queue up meanwhile are read before the next judgement."""
         if self.dead is None and not self.proc.is_alive():
-            self.dead = (f"the engine-core process (pid {self.proc.pid}) died with exit code "
-                         f"{self.proc.exitcode}")
-            lost, self._live = sorted(self._live), set()
-            self._failed.extend(EngineCoreOutput(r, [], finish_reason="error") for r in lost)
+            self._declare_dead(f"the engine-core process (pid {self.proc.pid}) died with "
+                               f"{exit_description(self.proc.exitcode)}")
+        elif self.dead is None and waiting and self.timeout_s is not None:
+            silent = time.monotonic() - self._heard
+            if silent > self.timeout_s:
+                self._declare_dead(
+                    f"the engine core (pid {self.proc.pid}) has not answered for {silent:.1f} s: "
+                    f"stopped or hung (core_timeout_s={self.timeout_s:g})")
         if self.dead is not None:
             raise EngineDeadError(self.dead)
 
+    def _declare_dead(self, reason: str) -> None:
+        """No more answers will come: every request in flight fails (take_failed)."""
+        self.dead = reason
+        lost, self._live = sorted(self._live), set()
+        self._failed.extend(EngineCoreOutput(r, [], finish_reason="error") for r in lost)
+
     def shutdown(self) -> None:
-        """Stop the core process (SHUTDOWN, then terminate if it lingers) and clean up."""
+        """Stop the core process and clean up: SHUTDOWN, then SIGTERM if it lingers, then
+        SIGKILL (a stopped process ignores SIGTERM until it is continued). A core declared hung
+        is killed at once."""
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        hung = getattr(self, "dead", None) is not None  # (unset while the core was starting)
         try:
-            if self.proc.is_alive():
+            if self.proc.is_alive() and not hung:
                 self.input.send_multipart([SHUTDOWN, b""], flags=zmq.NOBLOCK)
                 self.proc.join(timeout=5)
-            if self.proc.is_alive():
+            if self.proc.is_alive() and not hung:
                 self.proc.terminate()
+                self.proc.join(timeout=5)
+            if self.proc.is_alive():
+                self.proc.kill()
                 self.proc.join(timeout=5)
         except (zmq.ZMQError, AttributeError, ValueError):
             pass
@@ -263,22 +340,25 @@ class AsyncMPClient(MPClient):
                 future.set_result(result.utility)
 
     async def _next_message(self) -> bytes:
-        """The next frame from the core; one receive stays pending across the POLL_S checks
-        that the core lives (a cancelled caller leaves it for the next call)."""
+        """The next message from the core (heartbeats noted and skipped); one receive stays
+        pending across the POLL_S checks that the core lives (a cancelled caller leaves it for
+        the next call)."""
         if self._recv is not None and self._recv.get_loop() is not asyncio.get_running_loop():
             try:  # left pending by a loop that is gone: never let it take a message
                 self._recv.cancel()
             except RuntimeError:
                 pass
             self._recv = None
-        if self._recv is None:
-            self._recv = asyncio.ensure_future(self._aoutput.recv(copy=False))
         while True:
+            if self._recv is None:
+                self._recv = asyncio.ensure_future(self._aoutput.recv(copy=False))
             done, _ = await asyncio.wait({self._recv}, timeout=POLL_S)
-            if done:
-                frame, self._recv = self._recv.result(), None
+            if not done:
+                self._check_alive(waiting=True)
+                continue
+            frame, self._recv = self._recv.result(), None
+            if self._heard_from(frame.buffer):
                 return frame.buffer
-            self._check_alive()
 
     async def call_utility_async(self, method: str, *args):
         """`call_utility` for the event loop: the answer comes through get_output_async, which

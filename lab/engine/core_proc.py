@@ -5,10 +5,23 @@
                                                busy loop: drain inputs (block when idle),
                                                           step, queue the step's result
     PULL  <--EngineCoreOutputs (msgpack)-- PUSH output thread: encode + send
+                 <--HEARTBEAT (empty frame)---  heartbeat thread: one every heartbeat_s
 
 The IO threads move messages between the ZMQ sockets and in-process queues, so decoding and
-encoding overlap the step (pyzmq and msgspec release the GIL while they copy). A step that
-raises fails its requests (EngineCore's rules) and the failure travels as an
+encoding overlap the step (pyzmq and msgspec release the GIL while they copy). The heartbeat
+thread queues a HEARTBEAT for the output thread every `heartbeat_s` whatever the busy loop does
+(a long step included), so the frontend hears from a working core at least that often and takes
+silence for a stopped or wedged process (MPClient, knob `core_timeout_s`).
+
+An IO thread never dies silently (a dead input thread would leave every later request waiting
+on a process that still lives). An ADD frame that does not decode fails its own request when its
+id can be read (the same refusal as a request the core refuses), and the core serves on; an
+output that does not encode fails the requests it carries. Anything else that goes wrong in an
+IO thread (a frame naming no request, an unknown kind, an exception of the thread's own) is
+logged with its traceback and ends the process with exit code EXIT_FAULT, which the frontend
+reports as EngineDeadError.
+
+A step that raises fails its requests (EngineCore's rules) and the failure travels as an
 EngineCoreOutputs with `error` set; the loop serves on. A UTILITY frame runs one of
 `EngineCore.UTILITIES` between steps (e.g. "status": requests and KV blocks in use) and sends
 its result as an EngineCoreOutputs with `utility` set. The process ignores SIGINT (Ctrl-C is
@@ -45,6 +58,20 @@ from lab.engine.core import EngineCore
 from lab.engine.serial import MessageCodec
 
 ADD, ABORT, SHUTDOWN, UTILITY = b"\x00", b"\x01", b"\x02", b"\x03"
+#: the core's "still here" on the output socket: an empty frame (no encoded message is empty),
+#: which the clients count as hearing from the core and never decode
+HEARTBEAT = b""
+#: the core process's exit code when it stops on a fault (see the module docstring)
+EXIT_FAULT = 70  # EX_SOFTWARE
+_FATAL = "fatal"  # an inputs-queue kind of this process only: an IO thread failed
+_BEAT = object()  # in the outputs queue: send a HEARTBEAT
+
+log = logging.getLogger(__name__)
+
+
+def is_heartbeat(frame) -> bool:
+    """Whether an output frame is a HEARTBEAT (bytes or a buffer)."""
+    return len(frame) == 0
 
 
 @dataclass(frozen=True)
@@ -53,9 +80,23 @@ class AbortMessage:
     status: int = int(RequestStatus.FINISHED_ABORTED)
 
 
-def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready) -> None:
+class CoreFault(RuntimeError):
+    """An IO thread of the core process failed in a way no single request can absorb: the
+    process stops (exit code EXIT_FAULT) so that the frontend fails loudly."""
+
+
+def refusal(request_id: str, reason: str) -> EngineCoreOutputs:
+    """The output that fails one request the core could not take (reason error): a refused
+    add, or an ADD frame whose fields do not decode."""
+    return EngineCoreOutputs([EngineCoreOutput(request_id, [], finish_reason="error")],
+                             error=f"request {request_id!r} refused: {reason}")
+
+
+def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready,
+                    heartbeat_s: float | None = None) -> None:
     """Process entry: build the core from the composed config, report ready (or the error)
-    through the `ready` pipe, then serve until SHUTDOWN and exit at once."""
+    through the `ready` pipe, then serve until SHUTDOWN (heartbeats every `heartbeat_s`; None:
+    none) and exit at once: code 0, or EXIT_FAULT after a fault."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from lab.engine.builder import build_core, set_cpu_threads
 
@@ -69,23 +110,32 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready) -> None
     ready.send(("ready", info))
     ready.close()
     watch_parent()
+    code = 0
     try:
-        EngineCoreProc(core, input_addr, output_addr).run()
+        EngineCoreProc(core, input_addr, output_addr, heartbeat_s).run()
+    except CoreFault as e:  # its thread logged the traceback
+        log.error("the engine core stops: %s", e)
+        code = EXIT_FAULT
+    except BaseException:  # noqa: BLE001 - the frontend sees the exit code
+        log.exception("the engine core's busy loop failed")
+        code = EXIT_FAULT
     finally:
         core.shutdown()  # the executor's rank processes / actors end with the core
-    # Every output is sent (run() closed the sockets and terminated their context). Tearing
+    # After SHUTDOWN every output is sent (run() closed the sockets and terminated their
+    # context); after a fault nothing more can be. Tearing
     # down the interpreter (torch's modules, the model) costs CPU time that the frontend's
     # shutdown(), which waits for this process, would wait through too: skip it.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 class EngineCoreProc:
-    """The busy loop and its two IO threads around one EngineCore."""
+    """The busy loop and its IO threads (input, output, heartbeat) around one EngineCore."""
 
-    def __init__(self, core: EngineCore, input_addr: str, output_addr: str) -> None:
+    def __init__(self, core: EngineCore, input_addr: str, output_addr: str,
+                 heartbeat_s: float | None = None) -> None:
         self.core = core
         self.inputs: queue.Queue = queue.Queue()
         self.outputs: queue.Queue = queue.Queue()
@@ -94,15 +144,23 @@ class EngineCoreProc:
             threading.Thread(target=self._input_loop, args=(input_addr,), daemon=True),
             threading.Thread(target=self._output_loop, args=(output_addr,), daemon=True),
         ]
+        if heartbeat_s is not None:
+            self.threads.append(threading.Thread(target=self._heartbeat_loop,
+                                                 args=(heartbeat_s,), daemon=True))
         self.stopping = False
+        self._stopped = threading.Event()  # ends the heartbeats
+        self._beat_queued = threading.Event()  # a heartbeat waits in `outputs`
 
     def run(self) -> None:
         for t in self.threads:
             t.start()
-        while not self.stopping:
-            self._drain(block=not self.core.has_unfinished_requests())
-            if not self.stopping and self.core.has_unfinished_requests():
-                self._step()
+        try:
+            while not self.stopping:
+                self._drain(block=not self.core.has_unfinished_requests())
+                if not self.stopping and self.core.has_unfinished_requests():
+                    self._step()
+        finally:
+            self._stopped.set()
         self.outputs.put(None)
         self.threads[1].join(timeout=5)
         self.ctx.term()
@@ -126,9 +184,7 @@ class EngineCoreProc:
             try:
                 self.core.add_request(payload)
             except Exception as e:  # noqa: BLE001 - refuse this request, serve the others
-                self.outputs.put(EngineCoreOutputs(
-                    [EngineCoreOutput(payload.request_id, [], finish_reason="error")],
-                    error=f"request {payload.request_id!r} refused: {type(e).__name__}: {e}"))
+                self.outputs.put(refusal(payload.request_id, f"{type(e).__name__}: {e}"))
         elif kind == ABORT:
             outs = self.core.abort_requests(payload.request_ids, RequestStatus(payload.status))
             if outs:
@@ -137,6 +193,8 @@ class EngineCoreProc:
             self.outputs.put(EngineCoreOutputs([], utility=self._utility(payload)))
         elif kind == SHUTDOWN:
             self.stopping = True
+        elif kind == _FATAL:
+            raise CoreFault(payload)
 
     def _utility(self, call: UtilityCall) -> UtilityResult:
         try:
@@ -155,25 +213,31 @@ class EngineCoreProc:
             self.outputs.put(result)
 
     # -- IO threads ----------------------------------------------------------------------------
+    def _fail_loudly(self, thread: str, error: BaseException) -> None:
+        """An IO thread cannot go on: log why (with the traceback) and stop the busy loop, which
+        ends the process with EXIT_FAULT (see the module docstring)."""
+        log.error("the engine core's %s thread failed", thread, exc_info=error)
+        self.inputs.put((_FATAL, f"its {thread} thread failed: {type(error).__name__}: {error}"))
+
     def _input_loop(self, addr: str) -> None:
-        codec = MessageCodec()
-        abort_decoder = msgspec.msgpack.Decoder(AbortMessage)
         sock = self.ctx.socket(zmq.PULL)
         sock.connect(addr)
         try:
-            while True:
-                kind, data = sock.recv_multipart()
-                if kind == ADD:
-                    self.inputs.put((ADD, codec.decode(data, EngineCoreRequest)))
-                elif kind == ABORT:
-                    self.inputs.put((ABORT, abort_decoder.decode(data)))
-                elif kind == UTILITY:
-                    self.inputs.put((UTILITY, codec.decode(data, UtilityCall)))
-                else:
-                    self.inputs.put((SHUTDOWN, None))
-                    return
+            self._read_inputs(sock, _InputDecoder(self.outputs))
+        except BaseException as e:  # noqa: BLE001 - never a silent dead thread
+            self._fail_loudly("input", e)
         finally:
             sock.close(linger=0)
+
+    def _read_inputs(self, sock: zmq.Socket, decoder: _InputDecoder) -> None:
+        """Frames -> the inputs queue, until SHUTDOWN."""
+        while True:
+            message = decoder.decode(sock.recv_multipart())
+            if message is None:  # refused where it was read
+                continue
+            self.inputs.put(message)
+            if message[0] == SHUTDOWN:
+                return
 
     def _output_loop(self, addr: str) -> None:
         codec = MessageCodec()
@@ -181,6 +245,108 @@ class EngineCoreProc:
         sock.connect(addr)
         try:
             while (result := self.outputs.get()) is not None:
-                sock.send(codec.encode(result))
+                if result is _BEAT:
+                    self._send_heartbeat(sock)
+                elif (data := self._encode(codec, result)) is not None:
+                    sock.send(data)
+        except BaseException as e:  # noqa: BLE001 - never a silent dead thread
+            self._fail_loudly("output", e)
         finally:
             sock.close(linger=1000)
+
+    def _encode(self, codec: MessageCodec, result: EngineCoreOutputs) -> bytes | None:
+        """`result` encoded. One that does not encode fails what it carries instead: its
+        requests (which the core then drops) or its utility call; one that carries neither (a
+        step's statistics alone) is dropped (None). A failure of that fallback raises."""
+        try:
+            return codec.encode(result)
+        except Exception as e:  # noqa: BLE001 - the requests it carries fail; the core serves on
+            log.exception("the engine core could not encode a result")
+            return self._encode_failure(
+                codec, result, f"the engine core could not send a result: {type(e).__name__}: {e}")
+
+    def _encode_failure(self, codec: MessageCodec, result: EngineCoreOutputs,
+                        reason: str) -> bytes | None:
+        if result.utility is not None:
+            return codec.encode(EngineCoreOutputs([], utility=UtilityResult(
+                result.utility.call_id, error=reason)))
+        if not result.outputs:
+            return None
+        live = [out.request_id for out in result.outputs if not out.finished]
+        if live:  # the frontend hears of them no more: the core must not serve them on
+            self.inputs.put((ABORT, AbortMessage(live, int(RequestStatus.FINISHED_ERROR))))
+        failed = [EngineCoreOutput(out.request_id, [], finish_reason="error")
+                  for out in result.outputs]
+        return codec.encode(EngineCoreOutputs(failed, error=reason))
+
+    def _send_heartbeat(self, sock: zmq.Socket) -> None:
+        """Send one heartbeat; dropped when the frontend's queue is full (it is not reading:
+        the many heartbeats already queued tell it the same)."""
+        self._beat_queued.clear()
+        try:
+            sock.send(HEARTBEAT, zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def _heartbeat_loop(self, interval: float) -> None:
+        """A heartbeat every `interval` s, from this thread of its own: a long step does not
+        delay it, a stopped or wedged process (or output thread) silences it."""
+        while not self._stopped.wait(interval):
+            self._heartbeat_due()
+
+    def _heartbeat_due(self) -> None:
+        """Queue a heartbeat for the output thread, unless one waits there already (a frontend
+        that does not read must not make the queue grow)."""
+        if not self._beat_queued.is_set():
+            self._beat_queued.set()
+            self.outputs.put(_BEAT)
+
+
+class _InputDecoder:
+    """Frames from the frontend -> (kind, message) for the busy loop. An ADD frame that does not
+    decode fails its request at once (a refusal put on `outputs`; decode returns None) when its
+    request id can be read; any other frame that does not decode raises (the input thread then
+    fails loudly). A utility call that does not decode gets its error, as a failed call does."""
+
+    def __init__(self, outputs: queue.Queue) -> None:
+        self.outputs = outputs
+        self.codec = MessageCodec()
+        self.abort_decoder = msgspec.msgpack.Decoder(AbortMessage)
+
+    def decode(self, frames: list[bytes]):
+        if len(frames) != 2:
+            raise CoreFault(f"an input of {len(frames)} frames (expected 2: kind, message)")
+        kind, data = frames
+        if kind == ADD:
+            return self._request(data)
+        if kind == ABORT:
+            return ABORT, self.abort_decoder.decode(data)
+        if kind == UTILITY:
+            return self._utility_call(data)
+        if kind == SHUTDOWN:
+            return SHUTDOWN, None
+        raise CoreFault(f"an input of unknown kind {bytes(kind)!r}")
+
+    def _request(self, data: bytes):
+        try:
+            return ADD, self.codec.decode(data, EngineCoreRequest)
+        except Exception as e:
+            request_id = self.codec.request_id_of(data)
+            if request_id is None:
+                raise CoreFault(f"an ADD frame that names no request does not decode: "
+                                f"{type(e).__name__}: {e}") from e
+            log.warning("request %r does not decode: %s: %s", request_id, type(e).__name__, e)
+            self.outputs.put(refusal(request_id, f"it does not decode: {type(e).__name__}: {e}"))
+            return None
+
+    def _utility_call(self, data: bytes):
+        try:
+            return UTILITY, self.codec.decode(data, UtilityCall)
+        except Exception as e:
+            call_id = self.codec.call_id_of(data)
+            if call_id is None:
+                raise CoreFault(f"a UTILITY frame that names no call does not decode: "
+                                f"{type(e).__name__}: {e}") from e
+            self.outputs.put(EngineCoreOutputs([], utility=UtilityResult(
+                call_id, error=f"the call does not decode: {type(e).__name__}: {e}")))
+            return None

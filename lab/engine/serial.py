@@ -36,6 +36,18 @@ MESSAGE_TYPES = (EngineCoreRequest, EngineCoreOutputs, UtilityCall)
 SubclassedRequest = tuple[str, msgspec.Raw, msgspec.Raw]
 
 
+class _RequestId(msgspec.Struct):
+    """Only the id of an encoded request (every other field ignored, whatever it holds)."""
+
+    request_id: str
+
+
+class _CallId(msgspec.Struct):
+    """Only the id of an encoded utility call."""
+
+    call_id: int
+
+
 class MessageCodec:
     """One encoder, and one typed decoder per message type (msgspec reuses their buffers and
     type information, so make one codec per socket, not one per message)."""
@@ -45,6 +57,8 @@ class MessageCodec:
         self.decoders = {t: msgspec.msgpack.Decoder(t) for t in types}
         if EngineCoreRequest in self.decoders:  # a request, or a subclassed one
             self._wire_request = msgspec.msgpack.Decoder(EngineCoreRequest | SubclassedRequest)
+        self._request_id = msgspec.msgpack.Decoder(_RequestId | SubclassedRequest)
+        self._call_id = msgspec.msgpack.Decoder(_CallId)
         self._paths: dict[type, str] = {}  # SamplingParams subclass -> its checked import path
         self._params_decoders: dict[str, msgspec.msgpack.Decoder] = {}  # path -> decoder
 
@@ -65,6 +79,25 @@ class MessageCodec:
             message = self._wire_request.decode(data)
             return message if isinstance(message, EngineCoreRequest) else self._rebuild(message)
         return decoder.decode(data)
+
+    def request_id_of(self, data: bytes) -> str | None:
+        """The request id of an encoded request that does not decode as one (a field of the
+        wrong type, params that fail their checks), so the engine core can fail that request
+        alone; None when not even the id can be read."""
+        try:
+            named = self._request_id.decode(data)
+            if isinstance(named, tuple):  # a subclassed request: the id is in the request part
+                named = msgspec.msgpack.decode(named[1], type=_RequestId)
+        except msgspec.DecodeError:  # (ValidationError is one)
+            return None
+        return named.request_id
+
+    def call_id_of(self, data: bytes) -> int | None:
+        """The call id of an encoded utility call that does not decode as one (None: unread)."""
+        try:
+            return self._call_id.decode(data).call_id
+        except msgspec.DecodeError:
+            return None
 
     def _encode_subclassed(self, request: EngineCoreRequest) -> bytes:
         cls = type(request.sampling_params)

@@ -10,6 +10,10 @@ Every stage is vectorised over the batch; the only Python loop runs over seeded 
 Masked tokens get logit -inf, so their probability is exactly zero and they are never sampled.
 The argmax (greedy rows, the exponential race) is the kernels option's (`LayerOps.argmax_rows`,
 given by the model runner; the reference, `x.max(dim=-1).indices`, without one).
+
+What a logits processor returns is checked (`apply_checked`): logits of another shape, dtype or
+device, or NaN a processor put there, raise LogitsProcessorError naming the processor, so the
+step fails its requests (finish reason error) instead of sampling token 0 from garbage.
 """
 
 from __future__ import annotations
@@ -24,6 +28,45 @@ from lab.logits_processors.base import LogitsProcessor
 from lab.sampling.metadata import SamplingMetadata
 
 _NEG_INF = float("-inf")
+
+
+class LogitsProcessorError(RuntimeError):
+    """A logits processor returned logits the sampler cannot use (see `apply_checked`)."""
+
+
+def is_builtin(processor: LogitsProcessor) -> bool:
+    """One of lab's own processors (lab.logits_processors.*, not a subclass elsewhere): they
+    only add finite values or -inf to finite-or--inf logits, and their tests compare every row
+    with a reference, so they cannot put NaN there."""
+    return type(processor).__module__.startswith("lab.logits_processors.")
+
+
+def apply_checked(processor: LogitsProcessor, logits: torch.Tensor,
+                  check_nan: bool) -> torch.Tensor:
+    """`processor.apply(logits)`, refused with LogitsProcessorError naming the processor's class
+    unless it returns a tensor like `logits` (shape, dtype, device) and, with `check_nan`, puts
+    no NaN in it (NaN the logits had before, the model's, are not the processor's doing).
+
+    The shape / dtype / device checks read metadata only. The NaN check reads a flag back from
+    the device, a sync in every step that would stall a GPU's queue: so only the processors that
+    are not lab's own get it (`is_builtin`), whose output lab has not tested."""
+    shape, dtype, device = logits.shape, logits.dtype, logits.device
+    had_nan = torch.isnan(logits).any() if check_nan else None  # before an in-place apply
+    out = processor.apply(logits)
+    name = f"{type(processor).__module__}.{type(processor).__qualname__}"
+    if not isinstance(out, torch.Tensor):
+        raise LogitsProcessorError(f"logits processor {name}.apply returned "
+                                   f"{type(out).__name__}, not the logits tensor")
+    if (out.shape, out.dtype, out.device) != (shape, dtype, device):
+        raise LogitsProcessorError(
+            f"logits processor {name}.apply returned logits of shape {tuple(out.shape)}, "
+            f"{out.dtype} on {out.device}; expected shape {tuple(shape)} (batch rows, vocab), "
+            f"{dtype} on {device}")
+    if check_nan and bool(torch.isnan(out).any() & ~had_nan):
+        rows = torch.isnan(out).any(dim=-1).nonzero().flatten().tolist()
+        raise LogitsProcessorError(f"logits processor {name}.apply returned NaN logits (batch "
+                                   f"rows {rows})")
+    return out
 
 
 def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -127,6 +170,7 @@ class Sampler:
     def __init__(self, processors: Sequence[LogitsProcessor] = (),
                  argmax: Callable[[torch.Tensor], torch.Tensor] = argmax_rows_ref) -> None:
         self.processors = list(processors)
+        self.nan_checked = {id(p) for p in self.processors if not is_builtin(p)}
         self.argmax = argmax
         self.argmax_changing = [p for p in self.processors if not p.is_argmax_invariant()]
         self.argmax_invariant = [p for p in self.processors if p.is_argmax_invariant()]
@@ -139,12 +183,16 @@ class Sampler:
         raw = compute_logprobs(logits) if meta.max_num_logprobs is not None else None
         logits = logits.float()
         for processor in self.argmax_changing:
-            logits = processor.apply(logits)
+            logits = self.apply(processor, logits)
         sampled = self.sample(logits, meta)
         if raw is None:
             return SamplerOutput(sampled)
         k = raw.shape[-1] if meta.max_num_logprobs < 0 else meta.max_num_logprobs
         return SamplerOutput(sampled, gather_logprobs(raw, min(k, raw.shape[-1]), sampled))
+
+    def apply(self, processor: LogitsProcessor, logits: torch.Tensor) -> torch.Tensor:
+        """One processor, its output checked (`apply_checked`)."""
+        return apply_checked(processor, logits, id(processor) in self.nan_checked)
 
     def sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """Greedy rows take the argmax; random rows draw from the processed distribution."""
@@ -160,7 +208,7 @@ class Sampler:
         no row uses); masked = -inf."""
         logits = apply_temperature(logits.float(), meta.temperature)
         for processor in self.argmax_invariant:
-            logits = processor.apply(logits)
+            logits = self.apply(processor, logits)
         if not meta.no_min_p:
             logits = apply_min_p(logits, meta.min_p)
         if not meta.no_top_k:

@@ -102,6 +102,21 @@ def test_a_dead_core_process_fails_its_callers_at_once():
     llm.engine.shutdown()
 
 
+def test_an_idle_client_is_not_taken_for_a_hung_core(mp, inproc):
+    """The synchronous client reads nothing between calls: silence is judged only while a call
+    waits, after the heartbeats queued meanwhile were read (a check in add_request would have
+    declared this core dead)."""
+    core = mp.engine.core
+    timeout, core.timeout_s = core.timeout_s, 3.0  # the core beats every second (default 30 s)
+    try:
+        time.sleep(4)
+        sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        assert _same(mp.generate(PROMPTS, sp), inproc.generate(PROMPTS, sp))
+        assert core.dead is None
+    finally:
+        core.timeout_s = timeout
+
+
 def test_engine_client_is_a_checked_knob():
     with pytest.raises(ValueError, match="engine_client"):
         LLM("tiny_llama", engine_client="threads", **KNOBS)
