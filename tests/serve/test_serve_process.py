@@ -12,6 +12,7 @@ import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -164,17 +165,25 @@ def _plain_in_background(url: str, body: dict) -> tuple[threading.Thread, dict]:
     return t, got
 
 
-def test_a_killed_core_fails_requests_alike_and_the_server_exits_nonzero(tmp_path):
-    """kill -9 of the core: a stream's in-band error and a plain request's answer are the same
-    error object (503 ServiceUnavailableError); then the server exits non-zero by itself."""
-    with server(env={"TMPDIR": str(tmp_path)}) as s:
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_dead_or_hung_core_fails_requests_alike_and_the_server_exits_nonzero(fault, tmp_path):
+    """kill -9 of the core, or SIGSTOP past core_timeout_s: a stream's in-band error and a plain
+    request's answer are the same error object (503 ServiceUnavailableError); /health says 503
+    or the server is already gone; then the server exits non-zero by itself, its IPC directory
+    removed and no core process left."""
+    with server("core_timeout_s=2", env={"TMPDIR": str(tmp_path)}) as s:
+        core = s.core_pid()
         t, got = _plain_in_background(s.url, LONG)
         with httpx.stream("POST", s.url + "/v1/completions", json=LONG | {"stream": True},
                           timeout=60) as r:
             it = r.iter_lines()
             next(it)
-            os.kill(s.core_pid(), signal.SIGKILL)
+            os.kill(core, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
             events = [json.loads(line[6:]) for line in it if line.startswith("data: {")]
+        try:
+            assert httpx.get(s.url + "/health").status_code == 503
+        except httpx.TransportError:
+            pass  # it already shut down
         t.join(30)
         code = s.wait(30)
     streamed = events[-1]["error"]
@@ -182,5 +191,12 @@ def test_a_killed_core_fails_requests_alike_and_the_server_exits_nonzero(tmp_pat
     assert got["r"].status_code == 503
     assert streamed["code"] == plain["code"] == 503
     assert streamed["type"] == plain["type"] == "ServiceUnavailableError"
+    if fault == "stop":
+        assert "not answered" in streamed["message"]
     assert code not in (None, 0)
     assert not list(tmp_path.glob("lab-core-*"))
+    assert not Path(f"/proc/{core}").exists() or _zombie(core)
+
+
+def _zombie(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
