@@ -3,7 +3,7 @@
     python -m lab.bench.serve_faults                  # about 2 minutes on 2 cores
     python -m lab.bench.serve_faults --seconds 60 --clients 16 --result-json soak.json
 
-Four phases, each on a fresh `lab serve` process (tiny_llama, engine core in its own process):
+Five phases, each on a fresh `lab serve` process (tiny_llama, engine core in its own process):
 
 1. load: `--clients` loops send completions (streaming or not, at random) for `--seconds`; a
    third of them leave early (a stream closed, a plain request's connection dropped). Meanwhile
@@ -11,16 +11,21 @@ Four phases, each on a fresh `lab serve` process (tiny_llama, engine core in its
    them is measured), and the core is stopped (SIGSTOP) for `--stop-s` seconds, shorter than
    its core_timeout_s, then continued: requests just wait. Once the load ended, the KV cache
    must hold no block.
-2. kill: with requests in flight, the core is killed (kill -9): each must fail with the
+2. cancel: a plain request asking for n=16384 x 64 tokens whose client leaves after 3 s: its
+   generation must stop within 1 s (lab:generation_tokens_total stops growing), and a short
+   request sent next is answered at once.
+3. kill: with requests in flight, the core is killed (kill -9): each must fail with the
    engine's 503 error, and the server must exit non-zero by itself.
-3. hang: with requests in flight, the core is stopped for longer than core_timeout_s: each
+4. hang: with requests in flight, the core is stopped for longer than core_timeout_s: each
    must fail with a 503, /health must say 503, the server must exit non-zero.
-4. SIGTERM: with requests in flight, the server gets SIGTERM: it must exit 0 within its
+5. SIGTERM: with requests in flight, the server gets SIGTERM: it must exit 0 within its
    shutdown timeout plus a margin, its requests ended, its core's IPC directory removed.
 
-A request is `ok` (answered, or left by its client on purpose), `failed` with the right error
-(an OpenAI error object whose code is the expected one: 413, 429, 503, or its stream's in-band
-error), `wrong` (any other answer) or `hung` (no answer within --request-timeout). The table
+A request is `ok` (answered), `left` (its client went away on purpose), `failed` with the right
+error (an OpenAI error object whose code is the expected one: 413 for the big bodies, 503 once
+the core is gone, in a stream's in-band error or as the answer; or a connection the dying server
+cut), `refused` (no server listening any more: after SIGTERM), `wrong` (any other answer) or
+`hung` (no answer within --request-timeout). The table
 printed last must show 0 hung, 0 wrong, 0 KV blocks leaked.
 """
 
@@ -34,6 +39,7 @@ import random
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -96,6 +102,8 @@ async def one_request(c: httpx.AsyncClient, rng: random.Random, tally: Tally, *,
         tally.add(*await asyncio.wait_for(work, timeout))
     except TimeoutError:
         tally.add("hung", f"no answer within {timeout} s: {body}")
+    except httpx.ConnectError:
+        raise
     except httpx.HTTPError as e:
         tally.add("failed" if 503 in errors else "wrong", f"{type(e).__name__}: {e}")
 
@@ -130,8 +138,12 @@ async def client_loop(url: str, seed: int, until: float, tally: Tally, timeout: 
     rng = random.Random(seed)
     async with httpx.AsyncClient(base_url=url, timeout=None) as c:
         while time.monotonic() < until:
-            await one_request(c, rng, tally, leave=rng.random() < 1 / 3, errors=errors,
-                              timeout=timeout)
+            try:
+                await one_request(c, rng, tally, leave=rng.random() < 1 / 3, errors=errors,
+                                  timeout=timeout)
+            except httpx.ConnectError:  # the server is gone (the SIGTERM phase): stop here
+                tally.add("refused")
+                return
 
 
 async def big_bodies(url: str, until: float, tally: Tally, windows: list) -> None:
@@ -151,17 +163,27 @@ async def big_bodies(url: str, until: float, tally: Tally, windows: list) -> Non
             await asyncio.sleep(0.2)
 
 
-async def health_probe(url: str, until: float, samples: list) -> None:
-    """/health every 20 ms: (time sent, latency s, status)."""
-    async with httpx.AsyncClient(base_url=url, timeout=10) as c:
-        while time.monotonic() < until:
+async def health_probe(url: str, until: float | threading.Event, samples: list) -> None:
+    """/health every 20 ms from a thread of its own (so the soak's own busy event loop does not
+    add to the latency measured), until a time or an event: (time sent, latency s, status) into
+    `samples`."""
+    await asyncio.to_thread(_probe_health, url, until, samples)
+
+
+def _probe_health(url: str, until: float | threading.Event, samples: list) -> None:
+    def going() -> bool:
+        return not until.is_set() if isinstance(until, threading.Event) \
+            else time.monotonic() < until
+
+    with httpx.Client(base_url=url, timeout=10) as c:
+        while going():
             start = time.monotonic()
             try:
-                status = (await c.get("/health")).status_code
+                status = c.get("/health").status_code
             except httpx.HTTPError:
                 status = 0
             samples.append((start, time.monotonic() - start, status))
-            await asyncio.sleep(0.02)
+            time.sleep(0.02)
 
 
 async def stop_and_continue(pid: int, at: float, stop_s: float) -> None:
@@ -208,10 +230,13 @@ def load_phase(args, work: Path) -> dict:
         wait_idle(srv.url)
         leaked = kv_in_use(srv.url)
     during = [lat for t, lat, _ in samples if any(a <= t <= b for a, b in windows)]
+    every = [lat for _, lat, _ in samples]
     bad_health = sum(1 for _, _, status in samples if status != 200)
     return {"tally": tally, "kv_blocks_leaked": leaked,
             "health_max_ms_during_big_bodies": 1000 * max(during, default=float("nan")),
             "health_p99_ms_during_big_bodies": 1000 * _p99(during),
+            "health_samples_during_big_bodies": len(during),
+            "health_p99_ms_all": 1000 * _p99(every),
             "health_not_200": bad_health}
 
 
@@ -232,15 +257,16 @@ def death_phase(args, work: Path, name: str) -> dict:
         health: list = []
 
         async def run() -> None:
-            until = time.monotonic() + 600
+            done = threading.Event()
             clients = [asyncio.ensure_future(
                 _in_flight(srv.url, i, tally, args.request_timeout)) for i in range(8)]
             await asyncio.sleep(0.5)
             pid = srv.core_pid()
             os.kill(pid, signal.SIGKILL if name == "kill" else signal.SIGSTOP)
-            probe = asyncio.ensure_future(health_probe(srv.url, until, health))
+            probe = asyncio.ensure_future(health_probe(srv.url, done, health))
             await asyncio.gather(*clients)
-            probe.cancel()
+            done.set()
+            await probe
 
         asyncio.run(run())
         code = srv.wait(60)
@@ -264,6 +290,44 @@ async def _in_flight(url: str, seed: int, tally: Tally, timeout: float) -> None:
             tally.add("hung", f"no answer within {timeout} s")
         except httpx.HTTPError as e:
             tally.add("failed", f"{type(e).__name__}")
+
+
+def cancel_phase(args, work: Path) -> dict:
+    """The heaviest plain request there is (n at the cap, ignore_eos) whose client leaves after
+    3 s: how long until lab:generation_tokens_total stops growing, and how long a short request
+    sent next waits."""
+    tally = Tally()
+    with ServerProcess(ENGINE, log=work / "cancel.log") as srv:
+        body = {"prompt": "hi", "n": 16384, "max_tokens": 64, "ignore_eos": True}
+        before = _generated(srv.url)
+        try:
+            httpx.post(srv.url + "/v1/completions", json=body, timeout=3.0)
+            tally.add("wrong", "answered within 3 s")
+        except httpx.ReadTimeout:
+            tally.add("left")
+        left = time.monotonic()
+        last_growth, last = left, _generated(srv.url)
+        while_waiting = last - before
+        while time.monotonic() - last_growth < 1.0 and time.monotonic() - left < 60:
+            time.sleep(0.05)
+            now = _generated(srv.url)
+            if now != last:
+                last_growth, last = time.monotonic(), now
+        start = time.monotonic()
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 8},
+                       timeout=args.request_timeout)
+        tally.add("ok" if r.status_code == 200 else "wrong")
+        return {"tally": tally, "tokens_in_the_3_s": int(while_waiting),
+                "tokens_after_leaving": int(last - before - while_waiting),
+                "generation_stopped_after_s": last_growth - left,
+                "next_request_s": time.monotonic() - start}
+
+
+def _generated(url: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("lab:generation_tokens_total"):
+            return float(line.rsplit(" ", 1)[1])
+    raise RuntimeError("lab:generation_tokens_total is not in /metrics")
 
 
 def sigterm_phase(args, work: Path) -> dict:
@@ -294,13 +358,13 @@ def sigterm_phase(args, work: Path) -> dict:
 
 def report(results: dict) -> list[str]:
     """The table: per phase, requests sent / ok / failed right / wrong / hung, and checks."""
-    lines = [f"{'phase':<8} {'sent':>6} {'ok':>6} {'left':>6} {'failed':>7} {'wrong':>6} "
-             f"{'hung':>5}  checks"]
+    lines = [f"{'phase':<8} {'sent':>6} {'ok':>6} {'left':>6} {'failed':>7} {'refused':>7} "
+             f"{'wrong':>6} {'hung':>5}  checks"]
     for name, r in results.items():
         t = r["tally"].outcomes
         checks = {k: v for k, v in r.items() if k != "tally"}
         lines.append(f"{name:<8} {sum(t.values()):>6} {t['ok']:>6} {t['left']:>6} "
-                     f"{t['failed']:>7} {t['wrong']:>6} {t['hung']:>5}  "
+                     f"{t['failed']:>7} {t['refused']:>7} {t['wrong']:>6} {t['hung']:>5}  "
                      + ", ".join(f"{k}={_fmt(v)}" for k, v in checks.items()))
     return lines
 
@@ -316,6 +380,10 @@ def verdict(results: dict) -> list[str]:
         t = r["tally"].outcomes
         if t["hung"] or t["wrong"]:
             bad.append(f"{name}: {t['hung']} hung, {t['wrong']} wrong ({r['tally'].notes[:3]})")
+    cancel = results.get("cancel")
+    if cancel and not cancel["generation_stopped_after_s"] < 1.0:
+        bad.append(f"cancel: generation went on {cancel['generation_stopped_after_s']:.1f} s "
+                   f"after the client left (target < 1 s)")
     load = results.get("load")
     if load and load["kv_blocks_leaked"]:
         bad.append(f"load: {load['kv_blocks_leaked']} KV blocks leaked")
@@ -346,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the servers' core_timeout_s (the hang phase stops the core longer)")
     p.add_argument("--request-timeout", type=float, default=60.0,
                    help="a request with no answer after this long counts as hung")
-    p.add_argument("--phases", default="load,kill,hang,sigterm")
+    p.add_argument("--phases", default="load,cancel,kill,hang,sigterm")
     p.add_argument("--result-json", type=Path, default=None)
     return p
 
@@ -356,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if not args.stop_s < args.core_timeout:
         raise SystemExit("--stop-s must be shorter than --core-timeout (the load phase's stop "
                          "must be survived)")
-    phases = {"load": load_phase, "kill": lambda a, w: death_phase(a, w, "kill"),
+    phases = {"load": load_phase, "cancel": cancel_phase, "kill": lambda a, w: death_phase(a, w, "kill"),
               "hang": lambda a, w: death_phase(a, w, "hang"), "sigterm": sigterm_phase}
     chosen = [p for p in args.phases.split(",") if p]
     unknown = [p for p in chosen if p not in phases]
