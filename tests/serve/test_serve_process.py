@@ -35,9 +35,15 @@ def server(*extra: str, step_s: float = 0.05, env: dict | None = None, **kw) -> 
 
 
 @pytest.fixture(scope="module")
-def srv():
-    with server("--api-key", KEY, "--max-body-bytes", "65536",
-                "--max-concurrent-requests", "3") as s:
+def srv(tmp_path_factory):
+    """The shared server; its loggers write to `s.run_dir`, its core's IPC sockets live in
+    `s.tmp`. The SIGTERM test, the last to use it, ends it."""
+    root = tmp_path_factory.mktemp("served")
+    (root / "tmp").mkdir()
+    with server("--api-key", KEY, "--max-body-bytes", "65536", "--max-concurrent-requests", "3",
+                "logger=[jsonl]", "--run-dir", str(root / "run"), "--shutdown-timeout", "1",
+                env={"TMPDIR": str(root / "tmp")}) as s:
+        s.run_dir, s.tmp = root / "run", root / "tmp"
         yield s
 
 
@@ -127,30 +133,24 @@ def test_a_plain_request_stops_generating_when_its_client_leaves(srv):
 
 
 # -- shutdown -----------------------------------------------------------------------------------
-def test_sigterm_finishes_cleanly_within_the_grace_period(tmp_path):
+def test_sigterm_finishes_cleanly_within_the_grace_period(srv):
     """SIGTERM with a stream in flight: the process exits 0 after at most the grace period,
     the stream is ended, the run's summary.json is written and the core's IPC directory is
-    gone."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    run_dir = tmp_path / "run"
-    with server("logger=[jsonl]", "--run-dir", str(run_dir), "--shutdown-timeout", "1",
-                env={"TMPDIR": str(tmp)}) as s:
-        assert list(tmp.glob("lab-core-*"))  # the core's IPC sockets live here
-        lines = []
-        with httpx.stream("POST", s.url + "/v1/completions", json=LONG | {"stream": True},
-                          timeout=60) as r:
-            it = r.iter_lines()
-            lines.append(next(it))
-            s.proc.send_signal(signal.SIGTERM)
-            try:
-                lines.extend(it)
-            except httpx.HTTPError:
-                pass  # cut off when the grace period ended
-        code = s.wait(30)
-    assert code == 0
-    assert (run_dir / "summary.json").exists()
-    assert not list(tmp.glob("lab-core-*"))
+    gone. (It ends the shared server: the tests after it start their own.)"""
+    assert list(srv.tmp.glob("lab-core-*"))  # the core's IPC sockets live here
+    with httpx.stream("POST", srv.url + "/v1/completions", json=LONG | {"stream": True},
+                      headers=AUTH, timeout=60) as r:
+        it = r.iter_lines()
+        next(it)
+        srv.proc.send_signal(signal.SIGTERM)
+        try:
+            for _ in it:
+                pass
+        except httpx.HTTPError:
+            pass  # cut off when the grace period ended
+    assert srv.wait(30) == 0
+    assert (srv.run_dir / "summary.json").exists()
+    assert not list(srv.tmp.glob("lab-core-*"))
 
 
 # -- the engine's death -------------------------------------------------------------------------
@@ -173,6 +173,9 @@ def test_a_dead_or_hung_core_fails_requests_alike_and_the_server_exits_nonzero(f
     removed and no core process left."""
     with server("core_timeout_s=2", env={"TMPDIR": str(tmp_path)}) as s:
         core = s.core_pid()
+        if fault == "stop":  # idle past core_timeout_s: the core's heartbeats keep it healthy
+            time.sleep(2.5)
+            assert httpx.get(s.url + "/health").status_code == 200
         t, got = _plain_in_background(s.url, LONG)
         with httpx.stream("POST", s.url + "/v1/completions", json=LONG | {"stream": True},
                           timeout=60) as r:
