@@ -24,6 +24,20 @@ def test_serve_refuses_unknown_knob():
         main(["serve", "bogus_knob=1"])
 
 
+@pytest.mark.parametrize("option, field", [
+    (["--max-body-bytes", "0"], "max_body_bytes"), (["--max-n", "20000"], "max_n"),
+    (["--max-concurrent-requests", "-1"], "max_concurrent_requests"),
+    (["--api-key", ""], None)])
+def test_serve_refuses_bad_limits_before_starting_an_engine(option, field, monkeypatch):
+    monkeypatch.setenv("LAB_API_KEY", "")
+    if field is None:  # an empty key is no key: the server is open, nothing to refuse
+        from lab.cli import serve_parser, server_limits
+        assert server_limits(serve_parser().parse_args(option)).api_key is None
+        return
+    with pytest.raises(SystemExit, match=field):
+        main(["serve", "model=tiny_llama", *option])
+
+
 def test_serve_runs_the_core_in_its_own_process_unless_told():
     assert serve_config(["model=tiny_llama"]).engine_client == "async_mp"
     assert serve_config(["engine_client=inproc"]).engine_client == "inproc"
