@@ -69,13 +69,19 @@ class Tokenizer:
         add_generation_prompt: bool = True,
     ) -> str:
         """A conversation rendered with the tokenizer's chat template (or `chat_template`), as
-        text; a tokenizer without one is refused with a clear message."""
+        text; a tokenizer without one is refused with a clear message, and so is a conversation
+        the template refuses (a ValueError: the caller's input, as vLLM's server answers 400)."""
         if chat_template is None and not getattr(self.hf, "chat_template", None):
             raise ValueError("this tokenizer has no chat template: pass chat_template=... "
                              "(a Jinja template, as in transformers)")
-        return self.hf.apply_chat_template(
-            conversation, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
-            tokenize=False)
+        from jinja2 import TemplateError
+
+        try:
+            return self.hf.apply_chat_template(
+                conversation, chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt, tokenize=False)
+        except TemplateError as e:  # e.g. the template's raise_exception("roles must ...")
+            raise ValueError(f"the chat template refused the conversation: {e}") from e
 
     def apply_chat_template(
         self, conversation: list[dict], chat_template: str | None = None,

@@ -191,6 +191,9 @@ def test_chat_uses_the_template(llm):
     assert len(out.outputs[0].token_ids) == 4
     with pytest.raises(ValueError, match="role"):
         llm.chat([{"content": "no role"}])
+    refusing = "{{ raise_exception('roles must alternate') }}"
+    with pytest.raises(ValueError, match="chat template refused .*roles must alternate"):
+        llm.chat(msgs, chat_template=refusing)
 
 
 def test_a_users_processor_is_one_class_and_one_config_entry():
