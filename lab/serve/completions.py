@@ -227,7 +227,7 @@ def sampling_params(body: _Sampling, max_tokens: int | None, prompt_len: int, ma
               "seed": body.seed, "ignore_eos": body.ignore_eos, "min_tokens": body.min_tokens,
               "max_tokens": max_tokens, "logprobs": logprobs, "logit_bias": body.logit_bias,
               "include_stop_str_in_output": body.include_stop_str_in_output,
-              "skip_special_tokens": body.skip_special_tokens,
+              "skip_special_tokens": body.skip_special_tokens, "extra_args": body.vllm_xargs,
               "output_kind": RequestOutputKind.DELTA}
     fields.update({f: getattr(body, f) for f in _OPTIONAL_FIELDS if getattr(body, f) is not None})
     try:

@@ -8,7 +8,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+
+_XArg = StrictStr | StrictInt | StrictFloat  # vLLM's vllm_xargs values: strings and numbers
 
 
 class _Strict(BaseModel):
@@ -43,6 +54,9 @@ class _Sampling(_Strict):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: str | None = None
+    # vLLM's extension field: per-request values for custom logits processors / plug-ins,
+    # handed on as SamplingParams.extra_args
+    vllm_xargs: dict[str, _XArg | list[_XArg]] | None = None
 
 
 class CompletionRequest(_Sampling):

@@ -118,6 +118,36 @@ def test_its_processor_bans_the_tokens_a_request_names_in_extra_args(engine_clie
         [PROMPTS[1]], GREEDY)[0].outputs[0].token_ids  # a row without extra_args: untouched
 
 
+def test_its_processor_reads_vllm_xargs_through_the_server():
+    """lab serve's `vllm_xargs` (vLLM's field) reach the processor as extra_args: the served
+    text is the one LLM.generate gives with those extra_args, not the unbanned one."""
+    import httpx
+
+    from lab.engine.async_llm import AsyncLLM
+    from lab.serve.api_server import build_app
+    from tests.serve.uvicorn_thread import serving
+
+    llm = LLM("tiny_llama", logits_processors=[*DEFAULT_PROCESSORS, "banned_tokens"])
+    free = llm.generate([PROMPTS[0]], GREEDY)[0].outputs[0]
+    banned = sorted(set(free.token_ids))[:3]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                            extra_args={"banned_token_ids": banned})
+    expected = llm.generate([PROMPTS[0]], params)[0].outputs[0].text
+    a = AsyncLLM(llm.engine)
+    try:
+        with serving(build_app(a, "tiny_llama")) as url:
+            r = httpx.post(url + "/v1/completions", timeout=30, json={
+                "prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+                "vllm_xargs": {"banned_token_ids": banned}})
+            bad = httpx.post(url + "/v1/completions", timeout=30, json={
+                "prompt": PROMPTS[0], "max_tokens": 1, "vllm_xargs": {"x": {"nested": 1}}})
+    finally:
+        a.shutdown()
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == expected != free.text
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "vllm_xargs"
+
+
 def test_its_preset_and_step_time_model_drive_the_simulator():
     llm = LLM("wide_llama", executor="sim", **{"sim/step_time": "linear"})
     llm.generate([PROMPTS[0]], SamplingParams(max_tokens=1))
