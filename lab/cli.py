@@ -129,7 +129,10 @@ def serve(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, _interrupt)  # while starting: as Ctrl-C (cleans up)
     start = time.monotonic()
     loggers = start_loggers(cfg, choices, args.run_dir or default_run_dir())
-    async_llm = AsyncLLM.from_config(cfg, loggers)
+    try:
+        async_llm = AsyncLLM.from_config(cfg, loggers)
+    except KeyboardInterrupt as e:  # Ctrl-C / SIGTERM while loading: the core was cleaned up
+        sys.exit(f"lab serve: stopped while the engine was starting ({e or 'SIGINT'})")
     died: list[str] = []
 
     def on_engine_death(reason: str) -> None:

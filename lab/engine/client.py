@@ -87,27 +87,14 @@ class MPClient:
         if cfg.executor.get("_target_", "").endswith("sim.SimExecutor"):
             raise ValueError("engine_client=mp runs the core on its own clock; executor=sim's "
                              "virtual clock needs engine_client=inproc")
-        self._dir = tempfile.mkdtemp(prefix="lab-core-")
-        input_addr, output_addr = f"ipc://{self._dir}/input", f"ipc://{self._dir}/output"
-        self.ctx = zmq.Context()
-        self.input = self.ctx.socket(zmq.PUSH)
-        self.input.bind(input_addr)
-        self.output = self.ctx.socket(zmq.PULL)
-        self.output.bind(output_addr)
         self.codec = MessageCodec()
         self.abort_encoder = msgspec.msgpack.Encoder()
         self.timeout_s = EngineKnobs.of(cfg).core_timeout_s
-        spawn = multiprocessing.get_context("spawn")
-        ready, child_end = spawn.Pipe(duplex=False)
-        self.proc = spawn.Process(
-            target=run_engine_core, name="lab-engine-core", daemon=True,
-            args=(OmegaConf.to_container(cfg, resolve=False), input_addr, output_addr, child_end,
-                  heartbeat_interval(self.timeout_s)))
-        self.proc.start()
-        child_end.close()
+        self._dir: str | None = None
         try:
-            self.info = self._wait_ready(ready)
-        except BaseException:  # e.g. Ctrl-C / SIGTERM while the core loads: leave nothing
+            self._dir = tempfile.mkdtemp(prefix="lab-core-")
+            self.info = self._start(cfg)
+        except BaseException:  # e.g. Ctrl-C / SIGTERM while the core starts: leave nothing
             self.shutdown()
             raise
         self._heard = time.monotonic()  # when a frame of the core's last came
@@ -118,6 +105,25 @@ class MPClient:
         self.dead: str | None = None
         self._closed = False
         atexit.register(self.shutdown)
+
+    def _start(self, cfg: DictConfig):
+        """Bind the two sockets in our IPC directory, spawn the core process and wait for its
+        CoreInfo."""
+        input_addr, output_addr = f"ipc://{self._dir}/input", f"ipc://{self._dir}/output"
+        self.ctx = zmq.Context()
+        self.input = self.ctx.socket(zmq.PUSH)
+        self.input.bind(input_addr)
+        self.output = self.ctx.socket(zmq.PULL)
+        self.output.bind(output_addr)
+        spawn = multiprocessing.get_context("spawn")
+        ready, child_end = spawn.Pipe(duplex=False)
+        self.proc = spawn.Process(
+            target=run_engine_core, name="lab-engine-core", daemon=True,
+            args=(OmegaConf.to_container(cfg, resolve=False), input_addr, output_addr, child_end,
+                  heartbeat_interval(self.timeout_s)))
+        self.proc.start()
+        child_end.close()
+        return self._wait_ready(ready)
 
     def _wait_ready(self, ready):
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -283,14 +289,15 @@ class MPClient:
 
     def shutdown(self) -> None:
         """Stop the core process and clean up: SHUTDOWN, then SIGTERM if it lingers, then
-        SIGKILL (a stopped process ignores SIGTERM until it is continued). A core declared hung
-        is killed at once."""
+        SIGKILL (a stopped process ignores SIGTERM until it is continued). A core still starting
+        is terminated at once, one declared hung killed at once."""
         if getattr(self, "_closed", False):
             return
         self._closed = True
         hung = getattr(self, "dead", None) is not None  # (unset while the core was starting)
+        serving = getattr(self, "info", None) is not None  # (a starting core reads no input)
         try:
-            if self.proc.is_alive() and not hung:
+            if self.proc.is_alive() and serving and not hung:
                 self.input.send_multipart([SHUTDOWN, b""], flags=zmq.NOBLOCK)
                 self.proc.join(timeout=5)
             if self.proc.is_alive() and not hung:
@@ -305,8 +312,10 @@ class MPClient:
             for sock in (getattr(self, "input", None), getattr(self, "output", None)):
                 if sock is not None:
                     sock.close(linger=0)
-            self.ctx.term()
-            shutil.rmtree(self._dir, ignore_errors=True)
+            if getattr(self, "ctx", None) is not None:
+                self.ctx.term()
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
 
 
 class AsyncMPClient(MPClient):

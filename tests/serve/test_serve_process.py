@@ -10,6 +10,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lab.bench.server_process import ServerProcess
+from lab.bench.server_process import ServerProcess, free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEY = "test-key"
@@ -151,6 +153,26 @@ def test_sigterm_finishes_cleanly_within_the_grace_period(srv):
     assert srv.wait(30) == 0
     assert (srv.run_dir / "summary.json").exists()
     assert not list(srv.tmp.glob("lab-core-*"))
+
+
+def test_sigterm_while_the_engine_starts_cleans_up(tmp_path):
+    """SIGTERM as soon as the core process is being started (its IPC directory exists): the
+    server stops it, removes the directory and exits 1 naming the signal."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lab.cli", "serve", *ENGINE, "--port", str(free_port())],
+        cwd=REPO, env={**os.environ, "TMPDIR": str(tmp_path)}, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("lab-core-*")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    assert "stopped while the engine was starting (SIGTERM)" in err
+    assert not list(tmp_path.glob("lab-core-*"))
 
 
 # -- the engine's death -------------------------------------------------------------------------
