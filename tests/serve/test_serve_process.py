@@ -195,11 +195,11 @@ def test_a_dead_or_hung_core_fails_requests_alike(fault, tmp_path):
     --keep-alive-on-engine-death, it stays up answering 503 until it is stopped. Either way its
     IPC directory goes and no core process is left (a stopped one is killed)."""
     keep_alive = fault == "stop"
-    with server("core_timeout_s=2", *(["--keep-alive-on-engine-death"] if keep_alive else []),
+    with server("core_timeout_s=3", *(["--keep-alive-on-engine-death"] if keep_alive else []),
                 env={"TMPDIR": str(tmp_path)}) as s:
         core = s.core_pid()
         if fault == "stop":  # idle past core_timeout_s: the core's heartbeats keep it healthy
-            time.sleep(2.5)
+            time.sleep(3.5)
             assert httpx.get(s.url + "/health").status_code == 200
         t, got = _plain_in_background(s.url, LONG)
         with httpx.stream("POST", s.url + "/v1/completions", json=LONG | {"stream": True},
