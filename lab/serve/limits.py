@@ -17,19 +17,14 @@ streamed answer passes through untouched and a request is counted until its last
 
 from __future__ import annotations
 
-import json
 import secrets
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lab.core.sampling_params import MAX_N
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from lab.serve.errors import error_response
 
 #: the routes that generate (counted against max_concurrent_requests)
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -66,22 +61,11 @@ def add_limits(app, limits: ServerLimits) -> None:
         app.add_middleware(ApiKey, key=limits.api_key)
 
 
-async def send_error(send: Send, status: int, kind: str, message: str,
-                     param: str | None = None, headers: dict[str, str] | None = None) -> None:
-    """An error answer in OpenAI's format, sent straight through ASGI."""
-    body = json.dumps({"error": {"message": message, "type": kind, "param": param,
-                                 "code": status}}).encode()
-    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    head += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": head})
-    await send({"type": "http.response.body", "body": body})
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key.lower() == name:
-            return value.decode("latin-1")
-    return None
+async def send_error(scope: Scope, receive: Receive, send: Send, status: int, kind: str,
+                     message: str, param: str | None = None,
+                     headers: dict[str, str] | None = None) -> None:
+    """An error answer in OpenAI's format (errors.py's), sent straight through ASGI."""
+    await error_response(message, param, status, kind, headers)(scope, receive, send)
 
 
 class ApiKey:
@@ -94,9 +78,9 @@ class ApiKey:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] == "http" and scope.get("method") != "OPTIONS"
                 and scope["path"].startswith("/v1")):
-            given = (_header(scope, b"authorization") or "").encode("latin-1")
+            given = Headers(scope=scope).get("authorization", "").encode("latin-1")
             if not secrets.compare_digest(given, self.expected):
-                await send_error(send, 401, "AuthenticationError",
+                await send_error(scope, receive, send, 401, "AuthenticationError",
                                  "missing or wrong API key: send 'Authorization: Bearer <key>'",
                                  headers={"www-authenticate": "Bearer"})
                 return
@@ -114,9 +98,9 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = _header(scope, b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.most:
-            await self.refuse(send, int(length))
+        length = Headers(scope=scope).get("content-length", "")
+        if length.isdigit() and int(length) > self.most:
+            await self.refuse(scope, receive, send, int(length))
             return
         chunks, seen = [], 0
         while True:
@@ -126,14 +110,14 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             seen += len(chunks[-1])
             if seen > self.most:
-                await self.refuse(send, seen)
+                await self.refuse(scope, receive, send, seen)
                 return
             if not message.get("more_body", False):
                 break
         await self.app(scope, _replay(b"".join(chunks), receive), send)
 
-    async def refuse(self, send: Send, size: int) -> None:
-        await send_error(send, 413, "RequestTooLargeError",
+    async def refuse(self, scope: Scope, receive: Receive, send: Send, size: int) -> None:
+        await send_error(scope, receive, send, 413, "RequestTooLargeError",
                          f"the request body has at least {size} bytes; this server takes at "
                          f"most {self.most} (lab serve --max-body-bytes)", "body")
 
@@ -165,7 +149,7 @@ class ConcurrencyLimit:
             await self.app(scope, receive, send)
             return
         if self.active >= self.most:
-            await send_error(send, 429, "TooManyRequestsError",
+            await send_error(scope, receive, send, 429, "TooManyRequestsError",
                              f"{self.active} requests are in flight, the most this server takes "
                              f"(lab serve --max-concurrent-requests); retry later",
                              headers={"retry-after": "1"})
