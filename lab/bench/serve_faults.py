@@ -48,7 +48,7 @@ from pathlib import Path
 
 import httpx
 
-from lab.bench.server_process import ServerProcess
+from lab.bench.server_process import ServerProcess, metric
 
 NUM_BLOCKS = 256
 ENGINE = ["model=tiny_llama", "attention=torch", f"num_gpu_blocks={NUM_BLOCKS}", "block_size=4",
@@ -194,19 +194,15 @@ async def stop_and_continue(pid: int, at: float, stop_s: float) -> None:
 
 
 def kv_in_use(url: str) -> int:
-    """KV blocks held now (from /metrics: kv_cache_usage_perc of the usable blocks)."""
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("lab:kv_cache_usage_perc"):
-            return round(float(line.rsplit(" ", 1)[1]) * (NUM_BLOCKS - 1))
-    raise RuntimeError("lab:kv_cache_usage_perc is not in /metrics")
+    """KV blocks held now (kv_cache_usage_perc of the usable blocks)."""
+    return round(metric(url, "kv_cache_usage_perc") * (NUM_BLOCKS - 1))
 
 
 def wait_idle(url: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        text = httpx.get(url + "/metrics", timeout=10).text
-        running = [ln for ln in text.splitlines() if ln.startswith("lab:num_requests_")]
-        if all(float(ln.rsplit(" ", 1)[1]) == 0 for ln in running):
+        if not any(metric(url, f"num_requests_{state}")
+                   for state in ("running", "waiting", "swapped")):
             return
         time.sleep(0.2)
 
@@ -322,10 +318,7 @@ def cancel_phase(args, work: Path) -> dict:
 
 
 def _generated(url: str) -> float:
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("lab:generation_tokens_total"):
-            return float(line.rsplit(" ", 1)[1])
-    raise RuntimeError("lab:generation_tokens_total is not in /metrics")
+    return metric(url, "generation_tokens_total")
 
 
 def sigterm_phase(args, work: Path) -> dict:

@@ -47,6 +47,19 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def metric(url: str, name: str) -> float:
+    """The value of the server's `lab:NAME` sample on /metrics (its first one), read with
+    prometheus_client's parser: e.g. metric(url, "generation_tokens_total")."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"lab:{name}":
+                return sample.value
+    raise KeyError(f"lab:{name} is not in {url}/metrics")
+
+
 class ServerProcess:
     """`python -m lab.cli serve ARGS --port P` (see the module docstring)."""
 

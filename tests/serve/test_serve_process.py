@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lab.bench.server_process import ServerProcess, free_port
+from lab.bench.server_process import ServerProcess, free_port, metric
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEY = "test-key"
@@ -47,13 +46,6 @@ def srv(tmp_path_factory):
                 env={"TMPDIR": str(root / "tmp")}) as s:
         s.run_dir, s.tmp = root / "run", root / "tmp"
         yield s
-
-
-def metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics").text
-    m = re.search(rf"^lab:{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
-    assert m, f"lab:{name} is not in /metrics"
-    return float(m.group(1))
 
 
 # -- access -------------------------------------------------------------------------------------
