@@ -139,9 +139,8 @@ class AsyncLLM:
         self._dead: BaseException | None = None
         driver = _LoopDriver if isinstance(engine.core, AsyncMPClient) else _ThreadDriver
         self._driver: _Driver = driver(self)
-        # the tokenizer's thread (module docstring): started by the first call, under the lock
-        self._tokenizer_pool: ThreadPoolExecutor | None = None
-        self._tokenizer_lock = threading.Lock()
+        # the tokenizer's thread (module docstring); the executor starts it at the first call
+        self._tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="lab-tokenizer")
         if engine.tokenizer is not None:
             engine.tokenizer.max_chars_per_token  # noqa: B018 - computed now, not on a request
 
@@ -285,23 +284,21 @@ class AsyncLLM:
         return await asyncio.wrap_future(self._submit_to_tokenizer(fn))
 
     def _submit_to_tokenizer(self, fn: Callable[[], Any]) -> Future:
-        """Queue fn on the tokenizer's thread (started here the first time); a shut-down
-        AsyncLLM refuses with EngineDeadError. Under the lock, so shutdown never races it."""
-        with self._tokenizer_lock:
-            self._check_running()
-            if self._tokenizer_pool is None:
-                self._tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="lab-tokenizer")
+        """Queue fn on the tokenizer's thread; a shut-down AsyncLLM refuses with
+        EngineDeadError (the executor itself refuses once shutdown closed it)."""
+        self._check_running()
+        try:
             return self._tokenizer_pool.submit(fn)
+        except RuntimeError:  # shut down between the check and the submit
+            self._check_running()
+            raise
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the tokenizer's thread (once it finished what it holds), the driver and the
         engine (its core process, if any); unfinished requests end, their consumers get
         EngineDeadError."""
-        with self._tokenizer_lock:  # nothing is queued on the tokenizer's thread after this
-            self._stopped = True
-            pool, self._tokenizer_pool = self._tokenizer_pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        self._stopped = True
+        self._tokenizer_pool.shutdown(wait=True)  # takes no more calls, ends the queued ones
         self._driver.stop(timeout)
         ids = list(self._streams)
         self._fail_all(EngineDeadError("the engine was shut down"))
