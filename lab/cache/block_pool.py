@@ -185,6 +185,10 @@ class BlockPool:
         n, self._evicted_since_take = self._evicted_since_take, 0
         return n
 
+    def reset_counters(self) -> None:
+        """Zero the eviction counters (since the last take and cumulative)."""
+        self.total_evicted = self._evicted_since_take = 0
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; only possible when all non-null blocks are free."""
         if self.num_free_blocks != self.num_blocks - 1:

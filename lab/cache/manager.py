@@ -180,6 +180,13 @@ class KVCacheManager:
         """Drop every cached hash; False (and nothing done) while any block is in use."""
         return self.block_pool.reset_prefix_cache()
 
+    def reset_counters(self) -> None:
+        """Zero the lookup and eviction counters, per step and cumulative (an engine that starts
+        its run afresh after a warm-up: lab/engine/warmup.py)."""
+        self.prefix_cache_stats = PrefixCacheStats()
+        self.prefix_cache_totals = PrefixCacheStats()
+        self.block_pool.reset_counters()
+
     # -- allocation ------------------------------------------------------------------------
     def _num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed_blocks: list[KVCacheBlock]

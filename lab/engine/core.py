@@ -101,7 +101,8 @@ class EngineCore(AsyncSteps):
 
     #: the methods a client may run by name (`call_utility`; over ZMQ for a core process),
     #: with the type of their result (a remote client converts the plain data back to it)
-    UTILITIES: dict[str, type] = {"status": CoreStatus, "reset_prefix_cache": bool}
+    UTILITIES: dict[str, type] = {"status": CoreStatus, "reset_prefix_cache": bool,
+                                  "reset_for_run": bool}
 
     def call_utility(self, method: str, *args):
         """Run one of UTILITIES (a client's request by name); an unknown name is a ValueError
@@ -120,6 +121,23 @@ class EngineCore(AsyncSteps):
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (False while requests hold blocks: nothing is reset)."""
         return self.scheduler.kv.reset_prefix_cache()
+
+    def reset_for_run(self) -> bool:
+        """Start afresh after a warm-up (lab/engine/warmup.py), as if no step had run: the
+        prefix cache emptied (so the run gets no hit from warm-up prompts), its lookup and
+        eviction counters zeroed, the step index back to 0 and the origin of the statistics'
+        times (StepStats.time, RequestStats' *_time) moved to now; and what the warm-up built
+        that lives as long as the engine (first-call caches, compiled kernels) joins the heap
+        frozen at start-up (freeze_gc_heap). False, and nothing done, while requests are
+        unfinished."""
+        if self.has_unfinished_requests() or not self.scheduler.kv.reset_prefix_cache():
+            return False
+        self.scheduler.kv.reset_counters()
+        self.scheduler.events = StepEvents()
+        self.step_count = 0
+        freeze_gc_heap()
+        self.origin = self.clock()
+        return True
 
     def has_request(self, request_id: str) -> bool:
         """Whether a request of this id is in the core (waiting, running or swapped)."""
