@@ -326,7 +326,9 @@ class AsyncMPClient(MPClient):
         super().__init__(cfg)
         self._aoutput = zmq.asyncio.Socket.shadow(self.output.underlying)
         self._calls: dict[int, asyncio.Future] = {}
-        self._recv: asyncio.Future | None = None  # the pending receive (kept across timeouts)
+        # the pending receive (kept across timeouts); not `_recv`, which would hide MPClient's
+        # synchronous receive (step, call_utility: a warm-up before the event loop runs)
+        self._pending_recv: asyncio.Future | None = None
 
     async def get_output_async(self) -> EngineCoreOutputs:
         """The core's next step (or abort) result, as it comes; a failed step's result has
@@ -352,20 +354,21 @@ class AsyncMPClient(MPClient):
         """The next message from the core (heartbeats noted and skipped); one receive stays
         pending across the POLL_S checks that the core lives (a cancelled caller leaves it for
         the next call)."""
-        if self._recv is not None and self._recv.get_loop() is not asyncio.get_running_loop():
+        pending = self._pending_recv
+        if pending is not None and pending.get_loop() is not asyncio.get_running_loop():
             try:  # left pending by a loop that is gone: never let it take a message
-                self._recv.cancel()
+                pending.cancel()
             except RuntimeError:
                 pass
-            self._recv = None
+            self._pending_recv = None
         while True:
-            if self._recv is None:
-                self._recv = asyncio.ensure_future(self._aoutput.recv(copy=False))
-            done, _ = await asyncio.wait({self._recv}, timeout=POLL_S)
+            if self._pending_recv is None:
+                self._pending_recv = asyncio.ensure_future(self._aoutput.recv(copy=False))
+            done, _ = await asyncio.wait({self._pending_recv}, timeout=POLL_S)
             if not done:
                 self._check_alive(waiting=True)
                 continue
-            frame, self._recv = self._recv.result(), None
+            frame, self._pending_recv = self._pending_recv.result(), None
             if self._heard_from(frame.buffer):
                 return frame.buffer
 
