@@ -10,7 +10,8 @@
 
 `lab serve` composes the engine config exactly as run.py and LLM do (compose_config with the
 overrides; no loggers unless `logger=...` is given), runs the engine core in its own process
-(engine_client=async_mp unless an override says otherwise) and serves it with uvicorn
+(engine_client=async_mp unless an override says otherwise), warms it up before it accepts a
+request (the `warmup` knob, lab/engine/warmup.py) and serves it with uvicorn
 (lab/serve/api_server.py).
 """
 
@@ -64,13 +65,15 @@ def start_loggers(cfg, choices: dict[str, str], run_dir: Path) -> list:
     return loggers
 
 
-def close_loggers(loggers: list, engine, wall_time: float) -> None:
+def close_loggers(loggers: list, engine, wall_time: float, warmup=None) -> None:
     """Close the loggers with a summary of the engine's recent window (the last
     `stats_window` steps and requests: a server keeps no unbounded history; the loggers
-    themselves recorded every step)."""
+    themselves recorded every step), and the warm-up's seconds and steps (`warmup`)."""
     from lab.metrics.stats import summarize
 
     summary = summarize(list(engine.recent_steps), list(engine.recent_requests), wall_time)
+    if warmup is not None:
+        summary.warmup_seconds, summary.warmup_steps = warmup.seconds, warmup.num_steps
     for logger in loggers:
         logger.close(summary)
 
@@ -114,6 +117,8 @@ def serve(argv: list[str]) -> None:
 
     from lab.config.validate import check_command_line
     from lab.engine.async_llm import AsyncLLM
+    from lab.engine.llm_engine import LLMEngine
+    from lab.engine.warmup import warm_up_new_engine
     from lab.metrics.prometheus import model_name_of
     from lab.serve.api_server import build_app
 
@@ -130,7 +135,9 @@ def serve(argv: list[str]) -> None:
     start = time.monotonic()
     loggers = start_loggers(cfg, choices, args.run_dir or default_run_dir())
     try:
-        async_llm = AsyncLLM.from_config(cfg, loggers)
+        engine = LLMEngine(cfg, loggers)
+        warmup = warm_up_new_engine(engine)  # before any request: clients pay no first calls
+        async_llm = AsyncLLM(engine)
     except KeyboardInterrupt as e:  # Ctrl-C / SIGTERM while loading: the core was cleaned up
         sys.exit(f"lab serve: stopped while the engine was starting ({e or 'SIGINT'})")
     died: list[str] = []
@@ -149,7 +156,7 @@ def serve(argv: list[str]) -> None:
             server.run()
         finally:
             async_llm.shutdown()
-            close_loggers(loggers, async_llm.engine, time.monotonic() - start)
+            close_loggers(loggers, async_llm.engine, time.monotonic() - start, warmup)
     if died:
         sys.exit(f"lab serve: exiting because the engine died: {died[0]}")
 

@@ -123,6 +123,13 @@ class EngineKnobs:
     compile_sizes: tuple[int, ...] | None = knob(
         None, "compile=true: token counts of the warm-up steps run at start-up (the first "
         "compiles)", ge=1, null="one step of min(16, max_num_seqs) tokens")
+    warmup: bool = knob(
+        True, "run.py and lab serve first run a few synthetic requests, outside the run's clock "
+        "and statistics, so one-time costs (first-call allocations, GEMM primitives, JIT) stay "
+        "out of its latencies; LLM(...) only when given warmup=True",
+        details="lab/engine/warmup.py: each step shape (a full-budget prefill, decodes at batch 1 "
+                "and 8, a mixed step), then the engine as if fresh; summary.json's "
+                "warmup_seconds; skipped under executor=sim")
     enable_dbo: bool = knob(
         False, "micro-batching (vLLM's dual batch overlap): a step over the thresholds runs as "
         "two micro-batches split at the token midpoint",

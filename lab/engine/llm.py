@@ -6,6 +6,11 @@
 A keyword named after a config group picks that group's option; any other keyword sets the engine
 knob of that name (see README). `model` takes a preset name (a `model` option: lab/conf/model/
 or a plug-in's) or a checkpoint directory; `config_path` adds directories of options.
+
+`LLM(..., warmup=True)` warms the engine up before returning (lab/engine/warmup.py). Unlike
+run.py and lab serve it does not by default: a generate() call has no clock of its own to keep
+clean (a benchmark times its own warm-up generate, lab/bench/workload.py), and tests and
+notebooks build many short-lived engines, which would each pay a full-budget prefill.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from lab.config.compose import GROUPS, compose_config, set_knobs, without_logger
 from lab.config.plugins import group_options, option_file
 from lab.core.sampling_params import RequestOutputKind, SamplingParams, as_sampling_params
 from lab.engine.llm_engine import LLMEngine, RequestSpec
+from lab.engine.warmup import warm_up_new_engine
 from lab.frontend.outputs import RequestOutput
 from lab.metrics.base import StatLogger
 
@@ -48,8 +54,10 @@ class LLM:
         elif option == "hf" and "model.path" not in knobs:
             raise ValueError('model="hf" needs the checkpoint directory: LLM("/path/to/ckpt") or '
                              'LLM("hf", **{"model.path": "/path/to/ckpt"})')
+        knobs.setdefault("warmup", False)  # see the module docstring
         self.cfg = set_knobs(cfg, knobs)
         self.engine = LLMEngine(self.cfg, loggers=list(stat_loggers))
+        warm_up_new_engine(self.engine)
 
     def get_tokenizer(self):
         return self.engine.tokenizer

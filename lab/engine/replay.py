@@ -1,11 +1,14 @@
 """Replaying a workload through the engine on its clock (arrivals at their offsets): real time,
-or the simulator's virtual time under `executor=sim`."""
+or the simulator's virtual time under `executor=sim`. With the `warmup` knob (on by default) the
+engine is warmed up first (lab/engine/warmup.py), before the clock starts: the run's records
+and its summary count none of it, save `warmup_seconds` / `warmup_steps`."""
 
 from __future__ import annotations
 
 import logging
 
 from lab.engine.llm_engine import LLMEngine
+from lab.engine.warmup import warm_up
 from lab.metrics.memory import InMemoryLogger
 from lab.metrics.stats import SLO, RunSummary, summarize
 from lab.workloads.base import WorkloadRequest
@@ -14,12 +17,14 @@ log = logging.getLogger(__name__)
 
 
 def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
-    """Feed requests at their arrival offsets, step until all finish, return the summary.
+    """Warm the engine up (the `warmup` knob; not under executor=sim), then feed requests at
+    their arrival offsets, step until all finish, return the summary.
 
     A request the engine rejects (e.g. too long) is logged and skipped; the others run on.
     Goodput is measured against the config's `slo:` block.
     """
     slo = SLO.from_config(engine.cfg.get("slo"))  # refuse a bad block before the run
+    warm = warm_up(engine) if engine.cfg.get("warmup", True) else None
     trace = InMemoryLogger()  # the run's records (the engine itself keeps only the latest)
     engine.loggers.append(trace)
     try:
@@ -30,6 +35,8 @@ def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
         log.warning("%d request(s) were rejected", rejected)
     summary = summarize(trace.steps, trace.requests, wall, slo)
     summary.num_rejected = rejected
+    if warm is not None:
+        summary.warmup_seconds, summary.warmup_steps = warm.seconds, warm.num_steps
     summary.num_kv_blocks = engine.num_blocks - 1
     summary.kv_block_size = engine.cfg.block_size
     summary.kv_bytes_per_token = engine.kv_bytes_per_token

@@ -32,6 +32,10 @@ class RunSummary:
     total_output_tokens: int = 0
     total_cached_tokens: int = 0
     wall_time: float = 0.0
+    # the warm-up before the run's clock started (lab/engine/warmup.py; not in wall_time, nor in
+    # any other field): its seconds and steps; None / 0 when none ran (warmup=false, executor=sim)
+    warmup_seconds: float | None = None
+    warmup_steps: int = 0
     output_throughput: float | None = None  # output tok/s over wall time
     total_throughput: float | None = None  # (prompt + output) tok/s over wall time
     request_throughput: float | None = None  # requests/s over wall time
