@@ -12,13 +12,16 @@ The requests visit each shape class of a run's steps (with the engine's own size
     1     a prefill of a full max_num_batched_tokens chunk  warmup-long (at most max_model_len - 1
                                                             tokens and what the cache holds)
     2, 3  a short prefill, then a decode at batch 1         warmup-short (seeded sampling)
-    4     the prefills of k short prompts                   warmup-batch-0 .. k-1 (greedy)
-    5     a mixed step: k decodes and one short prefill     + warmup-late
-    6     a decode at batch k                               k = min(8, max_num_seqs - 1, what the
+    4     the prefills of k short prompts, in one step      warmup-batch-0 .. k-1 (greedy),
+                                                            k = min(8, max_num_seqs - 1, what the
                                                             cache holds)
+    5     a mixed step: k decodes and one short prefill     + warmup-late, added after step 4
+    6-8   decodes at batch k
 
-(a smaller budget, long_prefill_token_threshold or max_num_seqs = 1 make it more or fewer steps:
-the scheduler decides as it will in the run). Prompts are distinct random ordinary token ids
+Smaller sizes (a budget under k short prompts, long_prefill_token_threshold, max_num_seqs = 1, a
+tiny cache) make it more or fewer steps: the scheduler decides as it will in the run. With the
+core in its own process (engine_client=mp / async_mp) the core steps as the requests reach it,
+so steps 4-8 come out roughly so, not exactly. Prompts are distinct random ordinary token ids
 (no EOS / BOS / pad / special token), so no warm-up request hits another's prefix. CUDA graphs
 and torch.compile's sizes are warmed by the worker at start-up (Worker.initialize_cache): not
 repeated here. `executor=sim` has nothing to warm and its virtual clock must not move: skipped.
@@ -60,6 +63,9 @@ PREFIX = "warmup-"  # every warm-up request id starts so (the engine is idle: no
 CLIENT = "warmup"  # their client_id: a fair queue charges no workload client for them
 SHORT_PROMPT = 16  # tokens of a short prompt
 MAX_BATCH = 8  # the larger decode batch, at most
+# tokens of each batch request: decodes enough that warmup-late, added when the batch's first
+# tokens come back, lands among them even where a core process has run a step or two ahead
+BATCH_TOKENS = 5
 LOW_TOKEN_ID = 3  # ids below are special in most vocabularies (the synthetic workload's floor)
 
 
@@ -88,7 +94,7 @@ class WarmUp:
 def warm_up(engine: LLMEngine) -> WarmUp | None:
     """Run the warm-up (see the module docstring) through an idle engine and leave it as if
     fresh; None, and nothing done, when its executor runs no kernels (executor=sim). Logs one
-    line: "warm-up: 6 steps in 0.41 s (not part of the run)". A step that raises fails the
+    line: "warm-up: 8 steps in 0.41 s (not part of the run)". A step that raises fails the
     warm-up's requests (the engine stays usable) and the error propagates."""
     if not runs_kernels(engine):
         return None
@@ -146,16 +152,17 @@ def warmup_phases(engine: LLMEngine) -> list[list[WarmupRequest]]:
     def prompt(n: int) -> list[int]:
         return [int(t) for t in rng.choice(pool, size=max(1, n))]
 
-    long_len = min(cfg.max_num_batched_tokens, max_len - 1, capacity)
-    short_len = min(SHORT_PROMPT, max_len - 1)
-    greedy = {"temperature": 0.0, "ignore_eos": True}
-    # batch requests: 3 tokens each, of which the last is never computed (no KV)
-    per_request = -(-(short_len + 2) // block_size)
+    budget = cfg.max_num_batched_tokens
+    long_len = min(budget, max_len - 1, capacity)
+    # the batch's requests: BATCH_TOKENS each, of which the last is never computed (no KV)
+    per_request = -(-(min(SHORT_PROMPT, max_len - 1) + BATCH_TOKENS - 1) // block_size)
     fits = min(MAX_BATCH + 1, cfg.max_num_seqs, (engine.num_blocks - 1) // per_request)
     k = max(1, fits - 1)
+    short_len = min(SHORT_PROMPT, max_len - 1, max(1, budget // k))  # k prefills in one step
+    greedy = {"temperature": 0.0, "ignore_eos": True}
     batch = [WarmupRequest(f"{PREFIX}batch-{i}", prompt(short_len),
-                           SamplingParams(max_tokens=3, **greedy)) for i in range(k)]
-    if fits >= 2:  # joins the batch's decodes: a mixed step
+                           SamplingParams(max_tokens=BATCH_TOKENS, **greedy)) for i in range(k)]
+    if fits >= 2:  # added once the batch has its first tokens: joins its decodes, a mixed step
         batch.append(WarmupRequest(f"{PREFIX}late", prompt(short_len),
                                    SamplingParams(max_tokens=1, **greedy), after=1))
     return [

@@ -1,5 +1,6 @@
 """What `python run.py` leaves in its run directory: config.yaml with the option of every group
-(loadable again), a summary with per-priority TTFT; and a failed run marked as failed."""
+(loadable again), a summary with per-priority TTFT and the warm-up's seconds, steps.jsonl without
+the warm-up's steps; and a failed run marked as failed."""
 
 import json
 import subprocess
@@ -35,6 +36,12 @@ def test_a_run_records_every_choice_and_ttft_by_priority(tmp_path):
     assert all(d["p50"] > 0 and d["p99"] >= d["p90"] >= d["p50"] for d in by_prio.values())
     out = proc.stdout + proc.stderr
     assert "TTFT priority 0" in out and "TTFT priority 2" in out and "no SLO set" in out
+    # the warm-up ran before the run's clock, and the run's records count none of it
+    assert summary["warmup_seconds"] > 0 and summary["warmup_steps"] > 0
+    assert f"warm-up: {summary['warmup_steps']} steps in" in out
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert steps[0]["step"] == 0 and len(steps) == summary["num_steps"]
+    assert not any(r.startswith("warmup-") for s in steps for r in s["scheduled_req_ids"])
 
 
 def test_a_failed_start_is_marked_failed_and_names_the_key(tmp_path):
