@@ -2,9 +2,10 @@
 starts (run.py: before the workload's replay; lab serve: before it accepts requests; LLM(...):
 when given warmup=True — the `warmup` knob), so that one-time costs stay out of the run: the
 first steps of a cold engine pay first-call allocations, oneDNN primitives for new GEMM shapes,
-Triton's JIT and the like (53 ms against 2 ms steady on a CPU; a 2047-token prefill of
-tiny_llama took 0.6 s cold and 0.04 s warm), which would land in the run's TTFT / E2E tails and
-in any step-time profile fitted to its steps.jsonl.
+Triton's JIT, a kernel built at its first call and the like (tiny_llama on a 2-core CPU,
+attention=torch: a 16-token prefill took 21 ms cold against 3 ms warm, a decode 23 ms against
+2 ms), which would land in the run's TTFT / E2E tails and in any step-time profile fitted to
+its steps.jsonl.
 
 The requests visit each shape class of a run's steps (with the engine's own sizes):
 
