@@ -127,7 +127,7 @@ def warm_up_new_engine(engine: LLMEngine) -> WarmUp | None:
     """warm_up() when the engine's `warmup` knob is on, for a constructor that hands the engine
     back only once it started (LLM(...), lab serve): a warm-up that fails shuts the engine (its
     core process) down before the error propagates."""
-    if not engine.cfg.warmup:
+    if not engine.cfg.get("warmup", True):  # (a config from before the knob: on, its default)
         return None
     try:
         return warm_up(engine)
