@@ -35,6 +35,10 @@ class Executor(ABC):
     #: refuses it for executors that cannot)
     supports_tensor_parallel: bool = False
 
+    def timing(self) -> str:
+        """What the run's times are (a summary says it): wall-clock time of real steps."""
+        return "wall clock"
+
     @classmethod
     def check_tensor_parallel(cls, tensor_parallel_size: int) -> None:
         """Refuse a split model this executor cannot run (ValueError naming the executors that

@@ -68,8 +68,11 @@ class SimExecutor(Executor):
         self.states: dict[str, _SimState] = {}
         self.eos_ids = frozenset(eos_token_ids(self.hf_config))
         log.info("simulating %s on %s (%s): %.2f GiB of weights, %d KV bytes per token",
-                 Path(config.model_path).name, self.device.name, type(step_time).__name__,
+                 Path(config.model_path).name, self.device.name, self.step_time.describe(),
                  self.target.weight_bytes / 2**30, self.target.kv_bytes_per_token)
+
+    def timing(self) -> str:
+        return f"simulated {self.device.name}: {self.step_time.describe()}"
 
     def model_info(self) -> ModelInfo:
         path = Path(self.config.model_path)  # a config-only directory has no tokenizer

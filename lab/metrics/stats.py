@@ -31,7 +31,8 @@ class RunSummary:
     total_prompt_tokens: int = 0
     total_output_tokens: int = 0
     total_cached_tokens: int = 0
-    wall_time: float = 0.0
+    wall_time: float = 0.0  # of the run's clock: simulated seconds under executor=sim
+    timing: str = "wall clock"  # what the times are (Executor.timing: wall, or which sim model)
     output_throughput: float | None = None  # output tok/s over wall time
     total_throughput: float | None = None  # (prompt + output) tok/s over wall time
     request_throughput: float | None = None  # requests/s over wall time

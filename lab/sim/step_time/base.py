@@ -48,3 +48,7 @@ class StepTimeModel(ABC):
     @abstractmethod
     def predict(self, shape: StepShape) -> float:
         """Seconds of a step of this shape (schedule + forward + update; >= 0)."""
+
+    def describe(self) -> str:
+        """What a run's summary says about its step times (which model, which mode)."""
+        return type(self).__name__
