@@ -47,7 +47,8 @@ class Executor(ABC):
             raise ValueError(
                 f"tensor_parallel_size={tensor_parallel_size} is invalid with {cls.__name__}, "
                 "which runs one worker in one process: use executor=multiproc (one process per "
-                "rank on this machine) or executor=ray (one actor per rank)")
+                "rank on this machine), executor=ray (one actor per rank) or executor=sim "
+                "(simulated)")
 
     @abstractmethod
     def model_info(self) -> ModelInfo:

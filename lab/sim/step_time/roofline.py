@@ -16,6 +16,10 @@ A step runs three phases one after the other, each bound by compute or by memory
 Keys read by prefill chunks are estimated from the shape (which has no per-chunk context): with
 P prefill tokens in R chunks of q = P / R tokens each, pairs = sum(q c) + R q (q + 1) / 2, so
 sum(c) = (pairs - R q (q + 1) / 2) / q, and the chunks read sum(c) + P keys.
+
+With tensor parallelism the bound target's model is one rank's shape (its heads, KV heads,
+MLP and vocabulary slices, lab/sim/model_shape.py), so these are one rank's FLOPs and bytes;
+the step's all-reduces are not in `predict`: the executor adds `SimTarget.comm_seconds`.
 """
 
 from __future__ import annotations
