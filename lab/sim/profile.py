@@ -481,6 +481,17 @@ def run_profile(overrides: list[str], max_batch: int = 32, max_context: int = 51
     return build_profile(samples, profiler.padded, meta)
 
 
+def allreduce_table(world_size: int, profile: dict[str, Any]) -> dict[str, Any]:
+    """A measured all-reduce table (lab/sim/comm.py) over `world_size` local processes, gloo on
+    the CPU (nccl on a GPU machine), from 16 B to 16 MiB."""
+    from lab.sim.comm import DEFAULT_SIZES, MeasuredAllReduce, measure_allreduce
+
+    backend = "nccl" if profile["device"] == "cuda" else "gloo"
+    timings = measure_allreduce(world_size, DEFAULT_SIZES, backend=backend)
+    source = f"measure_allreduce {backend} x {world_size} on {profile['machine']['cpu']}"
+    return MeasuredAllReduce.from_timings(timings, world_size, source).to_dict()
+
+
 def summary_lines(profile: dict[str, Any]) -> list[str]:
     """A few lines on a profile: where, what, and how well its operators explain its steps."""
     fit = profile["fit"]
@@ -505,9 +516,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-kv-gb", type=float, default=2.0,
                    help="skip decode batches whose KV would pass this (GiB)")
     p.add_argument("--seed", type=int, default=0, help="the sweep's prompt tokens")
+    p.add_argument("--allreduce-ranks", type=int, default=0, metavar="N",
+                   help="also time all-reduces between N local processes (gloo on the CPU) "
+                        "and store the table: sim.allreduce=THIS_PROFILE costs TP=N with it")
     args = p.parse_args(argv)
     profile = run_profile(args.overrides, args.max_batch, args.max_context, args.repeats,
                           args.max_kv_gb, args.seed)
+    if args.allreduce_ranks > 1:
+        profile["allreduce"] = allreduce_table(args.allreduce_ranks, profile)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(profile, indent=1) + "\n")
     print("\n".join(summary_lines(profile)) + f"\n-> {args.output}")

@@ -212,3 +212,11 @@ def test_a_real_sweep_profiles_tiny_llama_and_simulates_a_run(tmp_path):
     assert all(len(o.outputs[0].token_ids) == 5 for o in outs)
     assert "profiled operators (tiny_llama" in llm.engine.executor.timing()
     assert llm.engine.clock.now() > 0
+
+
+def test_at_tensor_parallel_n_the_split_operators_take_one_nth():
+    ops = ops_of(True, cpu=(1e-3, 0.0, 0.0, 0.0))
+    shape = StepShape.of([(1, 99, 100)] * 4)
+    parts = ops.parts(shape)
+    split = parts["model"] + parts["attention"] + parts["logits"]
+    assert ops.predict(shape, 2) == pytest.approx(ops.predict(shape) - split / 2)

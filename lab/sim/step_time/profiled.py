@@ -28,6 +28,13 @@ Variance (`variance`): `median` predicts the median step; `sample` multiplies it
 (seeded) from the profile's distribution of measured / predicted step times over the sweep's
 steps, so tails are not systematically low. The profile stores the machine, commit and engine
 configuration it was measured with; `describe()` says which mode a run used.
+
+Tensor parallelism: a profile is measured on one rank (tensor_parallel_size=1). At TP = n the
+model, attention and logits operators are taken as 1/n of the profile's (each rank holds 1/n of
+the heads and linear columns), sampling and the CPU term as measured, and the executor adds the
+step's collectives (lab/sim/comm.py): the device's ring model, or the table a profile measured
+with `python -m lab.sim.profile --allreduce-ranks n` through `sim.allreduce=PROFILE.json`. An
+approximation: the split GEMMs of a small model do not scale perfectly.
 """
 
 from __future__ import annotations
@@ -160,8 +167,12 @@ class Operators:
         a, per_req, per_new, per_token = self.cpu
         return a + per_req * s.num_reqs + per_new * s.num_new_reqs + per_token * s.num_tokens
 
-    def predict(self, s: StepShape) -> float:
-        return sum(self.parts(s).values())
+    def predict(self, s: StepShape, tensor_parallel_size: int = 1) -> float:
+        parts = self.parts(s)
+        if tensor_parallel_size > 1:
+            for name in ("model", "attention", "logits"):  # the split operators
+                parts[name] /= tensor_parallel_size
+        return sum(parts.values())
 
 
 def load_profile(path: str | Path) -> dict[str, Any]:
@@ -192,6 +203,7 @@ class ProfiledStepTime(StepTimeModel):
                                  "PROFILE.json`)")
             profile = load_profile(path)
         self.path, self.variance, self.seed = path, variance, int(seed)
+        self.tensor_parallel_size = 1  # of the run it is bound to
         self.profile = profile
         self.operators = Operators.of(profile)
         self.ratios = tuple(profile["step_ratio_quantiles"])
@@ -202,10 +214,12 @@ class ProfiledStepTime(StepTimeModel):
         if target.device.is_cpu is False and self.profile.get("device") == "cpu":
             log.warning("a CPU profile (%s) simulates %s: its times are this machine's, not the "
                         "device's", self.path, target.device.name)
-        return ProfiledStepTime(self.path, self.variance, self.seed, self.profile)
+        bound = ProfiledStepTime(self.path, self.variance, self.seed, self.profile)
+        bound.tensor_parallel_size = target.tensor_parallel_size
+        return bound
 
     def predict(self, shape: StepShape) -> float:
-        t = self.operators.predict(shape)
+        t = self.operators.predict(shape, self.tensor_parallel_size)
         if self.variance == "sample":
             t *= self._ratio(self._rng.random())
         return t
