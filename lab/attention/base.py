@@ -173,6 +173,10 @@ class AttentionBackend(ABC):
     #: a constexpr block size (a shift and a mask for a power of two, one compiled kernel per
     #: size; the kernel tests cover 1..128). A backend with a narrower kernel overrides this.
     block_sizes: tuple[int, ...] = tuple(2**i for i in range(8))
+    #: whether a step that is not pure decode attends over one padded [requests,
+    #: max_query_len, max_context_len] view of the batch (its cost follows that geometry) rather
+    #: than request by request; the simulator's profiled step-time model reads it
+    padded_batches: bool = False
     name: str = "base"
 
     @classmethod

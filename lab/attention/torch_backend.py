@@ -83,6 +83,7 @@ class TorchAttentionBackend(MLAAttentionMixin, PagedKVBackend):
     """Paged attention in plain PyTorch: the reference every other backend is checked against."""
 
     name = "torch"
+    padded_batches = True  # _attend: queries padded to max_query_len, whole blocks gathered
     supported_kinds = ("mha", "gqa", "mla")
 
     def cudagraph_support(self, device: torch.device) -> CudaGraphSupport:

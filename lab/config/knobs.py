@@ -104,7 +104,7 @@ class EngineKnobs:
         "auto", "model dtype (auto: fp32 on CPU, the checkpoint's dtype on CUDA)",
         choices=("auto", *DTYPE_NAMES))
     tensor_parallel_size: int = knob(
-        1, "ranks each layer is split over (> 1 with executor=multiproc or executor=ray)", ge=1)
+        1, "ranks each layer is split over (> 1 with executor=multiproc, ray or sim)", ge=1)
     expert_parallel: bool = knob(
         False, "MoE under TP: whole experts per rank instead of a slice of every expert")
     distributed_backend: str = knob(

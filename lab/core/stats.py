@@ -55,6 +55,11 @@ class StepStats:
     num_decode_reqs: int = 0  # requests computing their one last token
     prefill_attention_pairs: int = 0  # causal query-key pairs of the prefill chunks
     decode_context_tokens: int = 0  # keys the decodes read
+    prefill_chunks: list[list[int]] = field(default_factory=list)  # [q, c] per prefill chunk
+    max_query_len: int = 0
+    max_context_len: int = 0  # max over the step's requests of computed + new tokens
+    num_sampled_reqs: int = 0  # requests that sample a token this step
+    num_new_reqs: int = 0  # admitted or resumed this step
     schedule_time: float = 0.0
     execute_time: float = 0.0
     update_time: float = 0.0  # update_from_output: tokens appended, stop checks, frees

@@ -45,6 +45,12 @@ class StepShape:
     query-key pairs; a decode reads c + 1 keys.
 
         num_tokens = prefill tokens + num_decode_reqs
+
+    The rest is what an operator-level model (lab/sim/step_time/profiled.py) needs: each
+    prefill chunk's (q, c), the longest query and context of the step (a backend that attends
+    over a padded [requests, max_query_len, max_context_len] view pays for that geometry), the
+    requests that sample a token (a decode, or a chunk that reaches the end of its request) and
+    those new to the worker (admitted or resumed: their state is built this step).
     """
 
     num_tokens: int = 0
@@ -54,25 +60,39 @@ class StepShape:
     decode_context_tokens: int = 0  # sum over decodes of c + 1 (keys read)
     swap_in_blocks: int = 0
     swap_out_blocks: int = 0
+    prefill_chunks: tuple[tuple[int, int], ...] = ()  # (q, c) of each prefill chunk
+    max_query_len: int = 0
+    max_context_len: int = 0  # max over the step's requests of c + q
+    num_sampled_reqs: int = 0
+    num_new_reqs: int = 0  # admitted or resumed this step
 
     @property
     def num_prefill_tokens(self) -> int:
         return self.num_tokens - self.num_decode_reqs
 
+    @property
+    def num_reqs(self) -> int:
+        return self.num_prefill_reqs + self.num_decode_reqs
+
     @staticmethod
-    def of(chunks: list[tuple[int, int, int]], swap_in: int = 0, swap_out: int = 0) -> StepShape:
+    def of(chunks: list[tuple[int, int, int]], swap_in: int = 0, swap_out: int = 0,
+           num_new: int = 0) -> StepShape:
         """The shape of a step from (new tokens q, computed before c, request length) per
-        request."""
-        prefill_reqs = decodes = pairs = context = total = 0
+        request; `num_new` of them are new to the worker."""
+        decodes = pairs = context = total = sampled = max_q = max_ctx = 0
+        prefills = []
         for q, c, length in chunks:
             total += q
+            max_q, max_ctx = max(max_q, q), max(max_ctx, c + q)
+            sampled += c + q >= length
             if q == 1 and c + 1 == length:
                 decodes += 1
                 context += c + 1
             else:
-                prefill_reqs += 1
+                prefills.append((q, c))
                 pairs += q * c + q * (q + 1) // 2
-        return StepShape(total, prefill_reqs, decodes, pairs, context, swap_in, swap_out)
+        return StepShape(total, len(prefills), decodes, pairs, context, swap_in, swap_out,
+                         tuple(prefills), max_q, max_ctx, sampled, num_new)
 
 
 @dataclass

@@ -41,6 +41,8 @@ def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
     summary.kv_block_size = engine.cfg.block_size
     summary.kv_bytes_per_token = engine.kv_bytes_per_token
     summary.weight_bytes = engine.weight_bytes
+    if engine.executor is not None:
+        summary.timing = engine.executor.timing()
     return summary
 
 

@@ -35,6 +35,10 @@ class Executor(ABC):
     #: refuses it for executors that cannot)
     supports_tensor_parallel: bool = False
 
+    def timing(self) -> str:
+        """What the run's times are (a summary says it): wall-clock time of real steps."""
+        return "wall clock"
+
     @classmethod
     def check_tensor_parallel(cls, tensor_parallel_size: int) -> None:
         """Refuse a split model this executor cannot run (ValueError naming the executors that
@@ -43,7 +47,8 @@ class Executor(ABC):
             raise ValueError(
                 f"tensor_parallel_size={tensor_parallel_size} is invalid with {cls.__name__}, "
                 "which runs one worker in one process: use executor=multiproc (one process per "
-                "rank on this machine) or executor=ray (one actor per rank)")
+                "rank on this machine), executor=ray (one actor per rank) or executor=sim "
+                "(simulated)")
 
     @abstractmethod
     def model_info(self) -> ModelInfo:

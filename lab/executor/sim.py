@@ -15,8 +15,16 @@ config-only directory such as those `python -m lab.sim.configs` writes). The exe
   request's stop tokens, so outputs end by max_tokens) and advancing its virtual clock by the
   step-time model's prediction plus the swap copies at the device's host-link bandwidth.
 
+With `tensor_parallel_size` > 1 it simulates one rank of the split model, as the real
+executors report rank 0's (lab/executor/distributed.py): KV bytes per block, weight bytes and
+the cache plan are one rank's (ModelShape.from_hf_config(cfg, tp, expert_parallel)), the
+step-time model predicts one rank's compute, and each step adds its collectives
+(SimTarget.comm_seconds, lab/sim/comm.py): the device's ring all-reduce, or a measured table
+(`sim.allreduce=PATH`, written by `python -m lab.sim.comm`).
+
     python run.py executor=sim                                  # tiny_llama on a simulated H100
     python run.py executor=sim model=hf model.path=DIR sim.device=h200 sim/step_time=roofline
+    python run.py executor=sim model=hf model.path=DIR tensor_parallel_size=4
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from lab.config.worker import WorkerConfig
 from lab.core.model_info import ModelInfo, eos_token_ids
 from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.executor.base import Executor
+from lab.sim.comm import AllReduceModel, MeasuredAllReduce
 from lab.sim.device import DeviceSpec, device_spec
 from lab.sim.model_shape import QUANT_WEIGHT_BYTES, ModelShape
 from lab.sim.step_time import SimTarget, StepTimeModel
@@ -51,25 +60,39 @@ class SimExecutor(Executor):
     """Executes SchedulerOutputs without a model, on a virtual clock."""
 
     runs_kernels = False
+    supports_tensor_parallel = True  # simulated: one rank's share plus the collectives
 
     def __init__(
         self, config: WorkerConfig, step_time: StepTimeModel, device: str | DeviceSpec = "h100",
+        allreduce: str | AllReduceModel | None = None,
     ) -> None:
+        """`allreduce`: the all-reduce between the ranks at tensor_parallel_size > 1: None for
+        the device's ring model, a model, or the path of a measured table's JSON."""
         from transformers import AutoConfig  # imported late: the bench imports this module
 
         self.config = config
         self.device = device_spec(device)
         self.hf_config = AutoConfig.from_pretrained(config.model_path)
-        self.target = sim_target(self.hf_config, self.device, config)
+        if isinstance(allreduce, str | Path):
+            allreduce = MeasuredAllReduce.load(allreduce)
+        self.target = sim_target(self.hf_config, self.device, config, allreduce)
         self.step_time = step_time.bind(self.target)
         self.clock = VirtualClock()
         self.bytes_per_block = self.target.kv_bytes_per_token * config.knobs.block_size
         self.num_blocks = 0
         self.states: dict[str, _SimState] = {}
         self.eos_ids = frozenset(eos_token_ids(self.hf_config))
-        log.info("simulating %s on %s (%s): %.2f GiB of weights, %d KV bytes per token",
-                 Path(config.model_path).name, self.device.name, type(step_time).__name__,
-                 self.target.weight_bytes / 2**30, self.target.kv_bytes_per_token)
+        tp = self.target.tensor_parallel_size
+        log.info("simulating %s on %s (%s)%s: %.2f GiB of weights, %d KV bytes per token%s",
+                 Path(config.model_path).name, self.device.name, self.step_time.describe(),
+                 f" x {tp} ranks ({self.target.allreduce!r})" if tp > 1 else "",
+                 self.target.weight_bytes / 2**30, self.target.kv_bytes_per_token,
+                 " per rank" if tp > 1 else "")
+
+    def timing(self) -> str:
+        tp = self.target.tensor_parallel_size
+        ranks = f" x {tp} ranks" if tp > 1 else ""
+        return f"simulated {self.device.name}{ranks}: {self.step_time.describe()}"
 
     def model_info(self) -> ModelInfo:
         path = Path(self.config.model_path)  # a config-only directory has no tokenizer
@@ -127,10 +150,13 @@ class SimExecutor(Executor):
         return ModelRunnerOutput(sampled)
 
     def step_seconds(self, sched: SchedulerOutput) -> float:
-        """The step's predicted time plus its swap copies over the host link."""
+        """The step's predicted time, its tensor-parallel collectives (0 at TP=1) and its swap
+        copies over the host link (each rank copies its own blocks over its own link)."""
         shape = sched.shape
         swapped = (shape.swap_in_blocks + shape.swap_out_blocks) * self.bytes_per_block
-        return self.step_time.predict(shape) + swapped / self.device.host_link_bandwidth
+        comm = 0.0 if self.step_time.includes_comm else self.target.comm_seconds(shape)
+        return (self.step_time.predict(shape) + comm
+                + swapped / self.device.host_link_bandwidth)
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         for rid in sched.finished_req_ids:
@@ -153,15 +179,20 @@ class SimExecutor(Executor):
             salt += 1
 
 
-def sim_target(hf_config, device: DeviceSpec, config: WorkerConfig) -> SimTarget:
+def sim_target(hf_config, device: DeviceSpec, config: WorkerConfig,
+               allreduce: AllReduceModel | None = None) -> SimTarget:
     """The model's shape and byte widths as the run would have them on `device`: dtype auto is
     fp32 on the cpu and the checkpoint's dtype on a GPU; cache.dtype fp8 stores 1-byte KV;
-    quant fp8/int8 (or an fp8 checkpoint) store 1-byte linear weights, w4a16 half a byte."""
+    quant fp8/int8 (or an fp8 checkpoint) store 1-byte linear weights, w4a16 half a byte. With
+    tensor_parallel_size > 1, one rank's shape (expert_parallel: whole experts per rank)."""
     dtype = resolve_dtype_name(config.knobs.dtype, hf_config, "cpu" if device.is_cpu else "cuda")
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = 1 if config.kv_cache_dtype == "fp8" else dtype_bytes
-    return SimTarget(ModelShape.from_hf_config(hf_config), device, dtype_bytes,
-                     linear_weight_bytes(hf_config, config.quant, dtype_bytes), kv_bytes)
+    shape = ModelShape.from_hf_config(hf_config, config.knobs.tensor_parallel_size,
+                                      config.knobs.expert_parallel)
+    return SimTarget(shape, device, dtype_bytes,
+                     linear_weight_bytes(hf_config, config.quant, dtype_bytes), kv_bytes,
+                     allreduce)
 
 
 def linear_weight_bytes(hf_config, quant: dict | None, dtype_bytes: float) -> float:
@@ -178,6 +209,7 @@ def linear_weight_bytes(hf_config, quant: dict | None, dtype_bytes: float) -> fl
 
 def gpu_kv_bytes(target: SimTarget, utilization: float, max_tokens: int, max_seqs: int) -> int:
     """What a GPU worker would leave for the KV cache: memory x utilization - weights - the
-    activations of a max-size step (the worker's profile run measures these: lab/worker/memory.py)."""
+    activations of a max-size step (the worker's profile run measures these: lab/worker/memory.py);
+    with tensor parallelism, one rank's GPU and share."""
     activations = target.model.activation_bytes(max_tokens, max_seqs, target.dtype_bytes)
     return int(target.device.memory_bytes * utilization - target.weight_bytes - activations)

@@ -124,8 +124,9 @@ def summary_table(s: RunSummary) -> Table:
     rows = [
         ("requests", f"{s.num_requests} ({finished})"
          + (f", {s.num_rejected} rejected" if s.num_rejected else "")),
-        ("wall time", f"{s.wall_time:.2f} s" + ("" if s.warmup_seconds is None else
-                                                f" (after a {s.warmup_seconds:.2f} s warm-up)")),
+        ("wall time" if s.timing == "wall clock" else "simulated time", f"{s.wall_time:.2f} s"
+         + ("" if s.warmup_seconds is None else f" (after a {s.warmup_seconds:.2f} s warm-up)")),
+        ("clock", s.timing),
         ("output tok/s", _num(s.output_throughput)),
         ("total tok/s", _num(s.total_throughput)),
         ("TTFT p50 / p99", f"{_ms(s.ttft_p50)} / {_ms(s.ttft_p99)} ms"),

@@ -31,7 +31,8 @@ class RunSummary:
     total_prompt_tokens: int = 0
     total_output_tokens: int = 0
     total_cached_tokens: int = 0
-    wall_time: float = 0.0
+    wall_time: float = 0.0  # of the run's clock: simulated seconds under executor=sim
+    timing: str = "wall clock"  # what the times are (Executor.timing: wall, or which sim model)
     # the warm-up before the run's clock started (lab/engine/warmup.py; not in wall_time, nor in
     # any other field): its seconds and steps; None / 0 when none ran (warmup=false, executor=sim)
     warmup_seconds: float | None = None

@@ -370,7 +370,8 @@ class Scheduler(StepRecovery):
             req.num_computed_tokens += plan.num_tokens[rid]  # the next chunk can go next step
             record[rid] = (req, req.num_computed_tokens)
             self._on_scheduled(req)
-        out.shape = StepShape.of(chunks, len(swaps.swap_in), len(swaps.swap_out))
+        out.shape = StepShape.of(chunks, len(swaps.swap_in), len(swaps.swap_out),
+                                 len(new_ids) + len(plan.resumed))
         if record:
             self._steps[out.step_id] = record
         self._check_invariants(out)

@@ -15,3 +15,8 @@ class SimKnobs:
 
     device: str = knob("h100", "the device executor=sim simulates (lab/sim/device.py)",
                        choices=tuple(DEVICES))
+    allreduce: str | None = knob(
+        None, "tensor_parallel_size > 1: a measured all-reduce table (JSON) to cost the "
+        "collectives with", null="the device's ring model, lab/sim/comm.py",
+        details="written by `python -m lab.sim.comm -n TP -o PATH`; its world size must be "
+                "tensor_parallel_size")

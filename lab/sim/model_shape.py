@@ -20,6 +20,24 @@ and a DeepSeek layer
 
 where a layer is MoE iff experts exist, layer >= first_k_dense_replace and
 layer % moe_layer_freq == 0 (lab/models/deepseek_arch.py's is_moe_layer).
+
+Tensor parallelism: `from_hf_config(cfg, tensor_parallel_size=tp)` is the shape of one of tp
+ranks, split as lab's real TP splits the model (lab/layers/linear.py, embedding.py, moe.py), so
+every count below (parameters, weight bytes, FLOPs, KV bytes) is that rank's:
+
+    q heads, q/kv_b (MLA) projections     / tp                 (column-parallel)
+    kv heads (GQA)                        / tp, or 1 replicated when tp > kv heads
+    o_proj, MLP gate/up/down              / tp                 (column / row-parallel)
+    embedding, LM head                    ceil(vocab / tp) rows (vocab-parallel, padded)
+    routed experts                        each expert's width / tp, or (expert_parallel) E / tp
+                                          whole experts and, routing balanced, top_k / tp of a
+                                          token's pairs
+    shared experts                        width / tp
+    norms, MLA's q_a / kv_a projections   whole on every rank (replicated), and so MLA's latent
+    and the MoE router                    cache: every rank caches the same L + R per token
+
+The config fields `tp` must divide are refused as the model classes refuse them (the arch
+spec's checks: heads, kv heads, intermediate sizes, experts).
 """
 
 from __future__ import annotations
@@ -27,7 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lab.models.deepseek_arch import DeepseekV2Spec, is_moe_layer
+from lab.models.arch import check_tp_divisible
+from lab.models.deepseek_arch import DeepseekV2Spec, check_moe_tp, is_moe_layer
 from lab.models.registry import arch_spec
 
 # bytes per linear weight of lab's quant methods (by their QuantConfig class, the `quant` option's
@@ -43,7 +62,8 @@ def _get(cfg: Any, name: str, default: Any = None) -> Any:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The counts of a decoder-only transformer that step times and memory depend on."""
+    """The counts of a decoder-only transformer that step times and memory depend on: of the
+    whole model, or of one tensor-parallel rank (module docstring)."""
 
     num_layers: int
     hidden_size: int
@@ -66,27 +86,38 @@ class ModelShape:
     v_head_dim: int = 0
     # MoE (DeepSeek)
     n_routed_experts: int = 0
-    num_experts_per_tok: int = 0
-    n_shared_experts: int = 0
+    num_experts_per_tok: float = 0  # expert_parallel ranks: top_k / tp (balanced routing)
+    n_shared_experts: float = 0  # in routed experts' widths (expert_parallel ranks: / tp)
     moe_intermediate_size: int = 0
     first_k_dense_replace: int = 0
     moe_layer_freq: int = 1
     router_params: int = 0  # of one MoE layer's router (V3's correction bias included)
+    # tensor parallelism: this shape is one of `tensor_parallel_size` ranks (module docstring)
+    tensor_parallel_size: int = 1
+    expert_parallel: bool = False
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_hf_config(cls, cfg: Any) -> ModelShape:
-        """From a transformers PretrainedConfig of an architecture lab supports."""
+    def from_hf_config(cls, cfg: Any, tensor_parallel_size: int = 1,
+                       expert_parallel: bool = False) -> ModelShape:
+        """From a transformers PretrainedConfig of an architecture lab supports: the whole
+        model, or one of `tensor_parallel_size` ranks (`expert_parallel`: MoE layers hold
+        whole experts per rank); ValueError naming a config field tp does not divide."""
+        tp = int(tensor_parallel_size)
+        if tp < 1:
+            raise ValueError(f"tensor_parallel_size={tp} must be >= 1")
         family = arch_spec(cfg)
-        spec = family.attention_spec(cfg)
+        spec = family.attention_spec(cfg, tp)  # this rank's heads (the spec checks them)
         common = dict(
             num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size,
-            vocab_size=cfg.vocab_size, num_heads=spec.num_heads,
-            num_kv_heads=spec.num_kv_heads, intermediate_size=cfg.intermediate_size,
+            vocab_size=-(-cfg.vocab_size // tp), num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads, intermediate_size=cfg.intermediate_size // tp,
             tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings", False)),
-            kv_elems_per_token=spec.kv_elems_per_token)
+            kv_elems_per_token=spec.kv_elems_per_token, tensor_parallel_size=tp,
+            expert_parallel=bool(expert_parallel) and tp > 1)
         if spec.kind == "mla":
             return cls._deepseek(cfg, family, common)
+        check_tp_divisible(cfg, tp, ("intermediate_size",))  # as LlamaForCausalLM does
         flags = family.arch(cfg)
         return cls(**common, head_dim=spec.head_dim, qkv_bias=flags.qkv_bias,
                    o_bias=flags.o_bias, qk_norm=flags.qk_norm, mlp_bias=flags.mlp_bias)
@@ -94,16 +125,24 @@ class ModelShape:
     @classmethod
     def _deepseek(cls, cfg: Any, family: type[DeepseekV2Spec], common: dict) -> ModelShape:
         """An MLA (+ MoE) shape; `family`: the config's spec (lab/models/deepseek_arch.py)."""
+        tp, ep = common["tensor_parallel_size"], common["expert_parallel"]
+        check_moe_tp(cfg, tp, ep)
         nope, rope = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
         experts = _get(cfg, "n_routed_experts", 0)
+        top_k = _get(cfg, "num_experts_per_tok", 0)
+        shared = _get(cfg, "n_shared_experts", 0)
+        moe_width = _get(cfg, "moe_intermediate_size", 0)
+        if ep:  # whole experts, E / tp of them; the shared experts still split by width
+            experts, top_k, shared = experts // tp, top_k / tp, shared / tp
+        else:
+            moe_width //= tp
         bias = family.attention_bias(cfg)
         return cls(
             **common, head_dim=nope + rope, kv_lora_rank=cfg.kv_lora_rank,
             q_lora_rank=_get(cfg, "q_lora_rank", 0), qk_nope_head_dim=nope,
             qk_rope_head_dim=rope, v_head_dim=cfg.v_head_dim, qkv_bias=bias, o_bias=bias,
-            n_routed_experts=experts, num_experts_per_tok=_get(cfg, "num_experts_per_tok", 0),
-            n_shared_experts=_get(cfg, "n_shared_experts", 0),
-            moe_intermediate_size=_get(cfg, "moe_intermediate_size", 0),
+            n_routed_experts=experts, num_experts_per_tok=top_k, n_shared_experts=shared,
+            moe_intermediate_size=moe_width,
             first_k_dense_replace=_get(cfg, "first_k_dense_replace", 0),
             moe_layer_freq=_get(cfg, "moe_layer_freq", 1),
             router_params=family.router_params(cfg) if experts else 0)
@@ -152,7 +191,7 @@ class ModelShape:
         if not self.is_moe_layer(layer):
             return 3 * h * self.intermediate_size, 0, 0
         expert = 3 * h * self.moe_intermediate_size
-        shared = self.n_shared_experts * expert
+        shared = round(self.n_shared_experts * expert)  # a whole count (expert_parallel: / tp)
         return shared, self.n_routed_experts * expert, self.router_params
 
     @property
@@ -246,9 +285,11 @@ class ModelShape:
     def activation_bytes(self, num_tokens: int, num_seqs: int, dtype_bytes: float) -> int:
         """A rough peak of a step's activations: per token the residual stream, attention
         inputs and outputs and the widest MLP hidden (gate + up), plus fp32 logits of one
-        sampled position per sequence."""
+        sampled position per sequence (over the whole vocabulary: with tensor parallelism,
+        the rank the logits are gathered on)."""
         mlp = max(self.intermediate_size,
                   self.moe_intermediate_size * (self.num_experts_per_tok + self.n_shared_experts))
         attn = self.num_heads * self.head_dim + 2 * self.num_kv_heads * self.head_dim
         per_token = 4 * self.hidden_size + attn + 2 * mlp
-        return int(num_tokens * per_token * dtype_bytes + num_seqs * self.vocab_size * 4)
+        logits = num_seqs * self.vocab_size * self.tensor_parallel_size * 4
+        return int(num_tokens * per_token * dtype_bytes + logits)

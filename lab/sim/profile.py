@@ -1,14 +1,27 @@
-"""Fit a `sim/step_time=profiled` model to the steps of real runs.
+"""Profile this machine for `sim/step_time=profiled`: a microbenchmark sweep of the real engine,
+each operator of each step timed, written as a profile JSON. No run directory is needed.
 
-    python run.py model=tiny_llama ...                   # a few runs of different shapes
-    python -m lab.sim.profile outputs/DAY/RUN1 outputs/DAY/RUN2 -o profile.json
+    python -m lab.sim.profile model=tiny_llama -o profile.json
+    python -m lab.sim.profile model=bench_qwen3_06b attention=torch cpu_threads=1 -o qwen.json
     python run.py executor=sim sim/step_time=profiled sim.step_time.path=profile.json sim.device=cpu
 
-Each run directory's steps.jsonl gives one row per step: the step's shape (StepShape fields) and
-its measured time (`step_seconds`: the time since the previous step while the engine was busy,
-else schedule_time + execute_time + update_time). The fit is non-negative least squares of the
-relative error over lab.sim.step_time.profiled.FEATURES; the JSON keeps the coefficients, the feature
-names, where they were measured (model, device, dtype, attention, machine) and the fit's error.
+The overrides compose the engine exactly as `python run.py` would (same model, dtype, attention,
+kernels, threads, loggers); the engine runs in this process (executor=uniproc, inproc) with a
+cache large enough for the sweep and prefix caching on (the sweep reaches a context through a
+prefix hit). After a warm-up it drives the engine through designed batches, stepping it the way
+`run.py`'s replay does, and times each step's loop (from the previous step's end, so request
+submission, output processing and the loggers count) and, inside it, the model's forward, the
+attention backend (every layer), the LM head and the sampler (lab.metrics.timers):
+
+    decode     B requests of context L decoding together (B, L on powers-of-two grids)
+    prefill    one chunk of q tokens after c cached ones (q, c + q on a grid), and N short
+               prompts admitted at once
+    mixed      B decodes with a prefill chunk beside them
+
+From the samples it builds the operators of lab/sim/step_time/profiled.py (medians and p10/p90
+per point, the CPU term by non-negative least squares) and the distribution of measured /
+predicted step times (the variance model). The JSON records the model, device, engine
+configuration, machine and commit it was measured with.
 """
 
 from __future__ import annotations
@@ -17,99 +30,503 @@ import argparse
 import json
 import os
 import platform
+import random
+import subprocess
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lab.config.compose import load_run_config
 from lab.core.step import StepShape
-from lab.sim.step_time.profiled import FEATURES, features, fit
+from lab.sim.step_time.profiled import CPU_FEATURES, PROFILE_KIND, Operators
 
-STEPS_FILE = "steps.jsonl"
-
-
-def step_shape(record: dict[str, Any]) -> StepShape:
-    """The StepShape of a steps.jsonl record."""
-    return StepShape(
-        num_tokens=record["num_scheduled_tokens"], num_prefill_reqs=record["num_prefill_reqs"],
-        num_decode_reqs=record["num_decode_reqs"],
-        prefill_attention_pairs=record["prefill_attention_pairs"],
-        decode_context_tokens=record["decode_context_tokens"],
-        swap_in_blocks=record.get("swap_in_blocks", 0),
-        swap_out_blocks=record.get("swap_out_blocks", 0))
+#: engine settings a profile depends on (its fingerprint); everything else — the cache size,
+#: scheduler, preemption, workload — changes which steps a run takes, not what a step costs
+FINGERPRINT_KEYS = ("dtype", "block_size", "cpu_threads", "compile", "kv_cache_dtype",
+                    "enable_prefix_caching", "device")
+FINGERPRINT_GROUPS = ("model", "attention", "kernels", "quant", "logger")
+RATIO_QUANTILES = 101  # stored quantiles of measured / predicted step time
 
 
-def step_seconds(record: dict[str, Any], previous: dict[str, Any] | None = None) -> float:
-    """What the simulator's clock must advance by for this step: the time since the previous
-    step ended when the engine was busy in between (the whole loop: schedule, execute, update,
-    outputs, loggers, the replay), else (after an idle wait, or the first step) the step's own
-    schedule + execute + update time."""
-    busy = previous is not None and (previous["num_running_reqs"] + previous["num_waiting_reqs"]
-                                     + previous.get("num_swapped_reqs", 0)) > 0
-    if busy:
-        return record["time"] - previous["time"]
-    return record["schedule_time"] + record["execute_time"] + record.get("update_time", 0.0)
+@dataclass
+class Sample:
+    """One profiled step: its shape, what it was designed to measure, and its timings (s)."""
+
+    shape: StepShape
+    tag: str  # decode | prefill | admit | mixed | other
+    key: float  # the design's key length (decode: L, prefill: c + q)
+    loop: float
+    forward: float
+    attention: float
+    logits: float
+    sampling: float
 
 
-def load_steps(run_dir: Path, skip_first: int = 1) -> tuple[list[StepShape], list[float]]:
-    """Shapes and times of a run's steps, without the first `skip_first` (warm-up)."""
-    lines = (Path(run_dir) / STEPS_FILE).read_text().splitlines()
-    records = [json.loads(line) for line in lines if line.strip()]
-    previous = [None, *records[:-1]]
-    pairs = list(zip(records, previous))[skip_first:]
-    return [step_shape(r) for r, _ in pairs], [step_seconds(r, p) for r, p in pairs]
+@dataclass
+class SweepPlan:
+    """The grids of the sweep (from the engine's limits and the command line)."""
+
+    batches: list[int]
+    contexts: list[int]
+    chunks: list[int]
+    keys: list[int]
+    admits: list[int]
+    repeats: int
+    decode_steps: int
+    max_kv_tokens: int  # a batch whose cache would pass this is left to extrapolation
 
 
-def provenance(run_dirs: list[Path]) -> dict[str, Any]:
-    """What the profile was measured on: each run's model, device, dtype and attention."""
-    runs = []
-    for d in run_dirs:
-        try:
-            cfg, choices = load_run_config(d)
-        except FileNotFoundError:
-            runs.append({"run_dir": str(d)})
-            continue
-        model = cfg.get("model", {})
-        runs.append({"run_dir": str(d), "model": model.get("name") or model.get("path"),
-                     "device": cfg.get("device"), "dtype": cfg.get("dtype"),
-                     "attention": choices.get("attention"), "executor": choices.get("executor")})
-    models = sorted({str(r.get("model")) for r in runs})
-    return {"model": models[0] if len(models) == 1 else models, "runs": runs,
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-            "created": datetime.now(UTC).isoformat(timespec="seconds")}
+@dataclass
+class Profiler:
+    """Drives an engine through designed batches and records each step."""
+
+    engine: Any
+    rng: random.Random
+    samples: list[Sample] = field(default_factory=list)
+    _counter: int = 0
+
+    def __post_init__(self) -> None:
+        from lab.metrics.timers import Timers
+
+        engine = self.engine
+        runner = engine.core.executor.worker.runner
+        sync = None
+        if str(engine.cfg.get("device", "cpu")).startswith("cuda"):
+            import torch
+
+            sync = torch.cuda.synchronize
+        self.timers = Timers(sync)
+        self.timers.wrap(runner.model, "forward", "forward")
+        self.timers.wrap(runner.model, "compute_logits", "logits")
+        self.timers.wrap(runner.sampler, "forward", "sampling")
+        self.timers.wrap(runner.attn_backend, "forward", "attention")
+        if hasattr(runner.attn_backend, "forward_mla"):
+            self.timers.wrap(runner.attn_backend, "forward_mla", "attention")
+        scheduler = engine.core.scheduler
+        self._schedule = scheduler.schedule
+        self._shapes: list[StepShape] = []
+
+        def schedule(*args, **kwargs):
+            out = self._schedule(*args, **kwargs)
+            self._shapes.append(out.shape)
+            return out
+
+        scheduler.schedule = schedule
+        self.padded = bool(getattr(runner.attn_backend, "padded_batches", False))
+        vocab = engine.hf_config.vocab_size
+        eos = engine.eos_token_id
+        self._tokens = [t for t in range(3, vocab) if t != eos]
+
+    def close(self) -> None:
+        self.timers.close()
+        del self.engine.core.scheduler.schedule
+
+    def prompt(self, n: int) -> list[int]:
+        return [self.rng.choice(self._tokens) for _ in range(n)]
+
+    def submit(self, prompt: list[int], max_tokens: int) -> str:
+        from lab.core.sampling_params import SamplingParams
+
+        self._counter += 1
+        rid = f"profile-{self._counter}"
+        self.engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                                                       temperature=0.0), request_id=rid)
+        return rid
+
+    def step(self, tag: str = "other", key: float = 0.0, start: float | None = None) -> None:
+        """One engine step, recorded; `start`: when the loop began (a submission before it)."""
+        before = dict(self.timers.seconds)
+        t0 = time.perf_counter() if start is None else start
+        self.engine.step()
+        loop = time.perf_counter() - t0
+        now = self.timers.seconds
+        part = {k: now.get(k, 0.0) - before.get(k, 0.0)
+                for k in ("forward", "attention", "logits", "sampling")}
+        shape = self._shapes.pop() if self._shapes else StepShape()
+        self._shapes.clear()
+        if shape.num_tokens:
+            self.samples.append(Sample(shape, tag, key, loop, **part))
+
+    def drain(self, tag: str = "other", key: float = 0.0) -> None:
+        while self.engine.has_unfinished_requests():
+            self.step(tag, key)
+
+    # -- the designed batches --------------------------------------------------------------
+    def decode(self, batch: int, context: int, steps: int) -> None:
+        """`batch` requests whose contexts reach `context` over `steps` decode steps (prompts
+        of context - steps tokens): their admission, then the decodes."""
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            self.submit(self.prompt(context - steps), steps + 1)
+        self.step("admit", context - steps, t0)
+        self.drain()
+
+    def prefill(self, q: int, c: int) -> None:
+        """One chunk of q new tokens after c cached ones (the c through a prefix hit)."""
+        prefix = self.prompt(c)
+        if c:
+            self.submit(prefix, 1)
+            self.drain()
+        t0 = time.perf_counter()
+        self.submit(prefix + self.prompt(q), 1)
+        self.step("prefill", c + q, t0)
+        self.drain()
+
+    def admit(self, n: int, q: int) -> None:
+        """n prompts of q tokens arriving together, then a few decode steps."""
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self.submit(self.prompt(q), 4)
+        self.step("admit", q, t0)
+        self.drain()
+
+    def mixed(self, batch: int, context: int, q: int) -> None:
+        """`batch` requests decoding (contexts up to `context`) with a fresh chunk of q tokens
+        admitted beside them."""
+        for _ in range(batch):
+            self.submit(self.prompt(context - 4), 4)
+        while self.engine.core.scheduler.waiting or not self.samples or \
+                self.samples[-1].shape.num_prefill_reqs:
+            self.step()  # their prefill, then one decode
+        t0 = time.perf_counter()
+        self.submit(self.prompt(q), 1)
+        self.step("mixed", context, t0)
+        self.drain()
+
+    def sweep(self, plan: SweepPlan) -> None:
+        """Every designed batch of the plan, in one order."""
+        fits = [(b, c) for c in plan.contexts for b in plan.batches
+                if b * c <= plan.max_kv_tokens]
+        for batch, context in fits:
+            self.decode(batch, context, plan.decode_steps)
+        for _ in range(plan.repeats):
+            for key in plan.keys:
+                for q in plan.chunks:
+                    if q <= key:
+                        self.prefill(q, key - q)
+            for n in plan.admits:
+                self.admit(n, plan.chunks[0])
+            for batch, context in fits:
+                if batch in plan.batches[2::2] and context in plan.contexts[1:]:
+                    for q in plan.chunks[:2]:
+                        self.mixed(batch, context, q)
+        tag_decodes(self.samples)
 
 
-def fit_profile(run_dirs: list[Path], skip_first: int = 1) -> dict[str, Any]:
-    """Fit the profiled step-time model to the runs' steps; the profile as a JSON-able dict."""
-    shapes, times = [], []
-    for d in run_dirs:
-        s, t = load_steps(d, skip_first)
-        shapes += s
-        times += t
-    if len(shapes) < len(FEATURES):
-        raise ValueError(f"{len(shapes)} steps in {len(run_dirs)} run(s): too few to fit "
-                         f"{len(FEATURES)} coefficients")
-    x = np.array([features(s) for s in shapes])
-    coef, error = fit(x, np.array(times))
-    return {"kind": "lab.sim.step_time.profiled", "features": list(FEATURES),
-            "coefficients": [float(c) for c in coef], "fit": error, **provenance(run_dirs)}
+def tag_decodes(samples: list[Sample]) -> None:
+    """Every pure-decode step is a decode sample, whatever batch it was designed for."""
+    for s in samples:
+        if s.shape.num_prefill_reqs == 0 and s.shape.num_decode_reqs:
+            s.tag = "decode"
+
+
+def round_up(n: float, block_size: int) -> int:
+    return int(-(-n // block_size) * block_size)
+
+
+def decode_key(shape: StepShape, padded: bool, block_size: int) -> float:
+    """The key of a decode step's attention: its context in whole blocks (padded: the longest,
+    ragged: the mean), so the few tokens a batch gains while it decodes stay in one row."""
+    context = (shape.max_context_len if padded
+               else shape.decode_context_tokens / shape.num_decode_reqs)
+    return round_up(context, block_size)
+
+
+def prefill_key(shape: StepShape, padded: bool, block_size: int) -> tuple[float, float]:
+    """(x, key) of a step's prefill attention in the surface: padded (requests x max query,
+    whole blocks of the max context); ragged (one chunk: q, c + q)."""
+    if padded:
+        return shape.num_reqs * shape.max_query_len, round_up(shape.max_context_len, block_size)
+    (q, c), = shape.prefill_chunks
+    return q, round_up(c + q, block_size)
+
+
+def curve(points: dict[float, list[float]]) -> dict[str, list[float]]:
+    """{x: samples} -> {x, median, p10, p90, n} lists sorted by x; the medians made
+    non-decreasing in x (more work never takes less time: a noisy point is pooled with its
+    neighbours, weighted by its samples), p10/p90 as measured."""
+    xs = sorted(points)
+    stat = {name: [float(np.percentile(points[x], p)) for x in xs]
+            for name, p in (("median", 50), ("p10", 10), ("p90", 90))}
+    counts = [len(points[x]) for x in xs]
+    stat["median"] = isotonic(stat["median"], counts)
+    return {"x": [float(x) for x in xs], **stat, "n": counts}
+
+
+def isotonic(ys: list[float], weights: list[int]) -> list[float]:
+    """The non-decreasing sequence closest to ys in weighted least squares (pool adjacent
+    violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for y, w in zip(ys, weights):
+        blocks.append([y, float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, w1, n1), (m2, w2, n2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2]
+    return [m for m, _, n in blocks for _ in range(n)]
+
+
+def surface(points: dict[tuple[float, float], list[float]]) -> list[dict]:
+    """{(x, key): samples} -> one row {key, x, median, p10, p90, n} per key."""
+    by_key: dict[float, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (x, key), values in points.items():
+        by_key[key][x] += values
+    return [{"key": float(key), **curve(by_key[key])} for key in sorted(by_key)]
+
+
+def build_operators(samples: list[Sample], padded: bool, block_size: int) -> dict[str, Any]:
+    """The operator tables of a profile from its samples."""
+    model, logits, sampling = defaultdict(list), defaultdict(list), defaultdict(list)
+    decode, prefill = defaultdict(list), defaultdict(list)
+    for s in samples:
+        sh = s.shape
+        model[sh.num_tokens].append(s.forward - s.attention)
+        if sh.num_sampled_reqs:
+            logits[sh.num_sampled_reqs].append(s.logits)
+            sampling[sh.num_sampled_reqs].append(s.sampling)
+        if s.tag == "decode":
+            decode[(sh.num_decode_reqs, decode_key(sh, padded, block_size))].append(s.attention)
+        elif s.tag == "prefill" or (padded and s.tag in ("admit", "mixed")):
+            prefill[prefill_key(sh, padded, block_size)].append(s.attention)
+    return {"model": curve(model), "logits": curve(logits), "sampling": curve(sampling),
+            "decode": surface(decode), "prefill": surface(prefill)}
+
+
+def fit_cpu(samples: list[Sample], ops: Operators) -> tuple[list[float], dict[str, float]]:
+    """The cpu term: non-negative least squares of each step's loop less its model, attention,
+    logits and sampling time, on CPU_FEATURES (each row weighted by 1 / its loop time, so the
+    many short steps count as much as the few long ones)."""
+    x = np.array([[1.0, s.shape.num_reqs, s.shape.num_new_reqs, s.shape.num_tokens]
+                  for s in samples])
+    y = np.array([s.loop - s.forward - s.logits - s.sampling for s in samples])
+    w = 1.0 / np.array([max(s.loop, 1e-6) for s in samples])
+    xw, yw = x * w[:, None], y * w
+    scale = np.linalg.norm(xw, axis=0)
+    scale[scale == 0] = 1.0
+    coef = nnls(xw / scale, yw) / scale
+    resid = y - x @ coef
+    return [float(c) for c in coef], {"median_abs_s": float(np.median(np.abs(resid)))}
+
+
+def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
+    """min ||a x - b|| subject to x >= 0 (Lawson-Hanson active set; numpy only)."""
+    m, n = a.shape
+    x, passive = np.zeros(n), np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    tol = 10 * np.finfo(float).eps * np.linalg.norm(a, 1) * max(m, n)
+    for _ in range(max_iter or 3 * n):
+        if passive.all() or w[~passive].max(initial=-np.inf) <= tol:
+            break
+        passive[np.argmax(np.where(passive, -np.inf, w))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if not passive.any() or z[passive].min() > 0:
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+        x = z
+        w = a.T @ (b - a @ x)
+    return x
+
+
+def plan_sweep(engine: Any, max_batch: int, max_context: int, repeats: int,
+               max_kv_gb: float) -> SweepPlan:
+    """Powers-of-two grids inside the engine's limits (batch, context, chunk) and a KV budget:
+    a (batch, context) pair whose cache would pass `max_kv_gb` is left to extrapolation."""
+    cfg = engine.cfg
+    bs = cfg.block_size
+    budget = cfg.max_num_batched_tokens
+    max_context = min(max_context, engine.max_model_len - 8)
+    batches = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= min(max_batch,
+                                                                         cfg.max_num_seqs)]
+    contexts = [c for c in (32, 128, 512, 2048, 8192) if c <= max_context and c % bs == 0]
+    chunks = [q for q in (32, 128, 512, 2048) if q <= budget and q % bs == 0]
+    if not contexts or not chunks:
+        raise ValueError(f"block_size={bs}, max_num_batched_tokens={budget} and max_model_len="
+                         f"{engine.max_model_len} leave no grid to profile (contexts and chunks "
+                         "are multiples of the block size from 32 tokens)")
+    return SweepPlan(batches, contexts, chunks, keys=contexts, admits=batches[1:],
+                     repeats=repeats, decode_steps=4,
+                     max_kv_tokens=int(max_kv_gb * 2**30 // engine.kv_bytes_per_token))
+
+
+def profile_engine(overrides: list[str], plan_blocks: int) -> Any:
+    """An engine composed as `run.py OVERRIDES` would be, in this process, with its loggers
+    started on a scratch directory, a cache of `plan_blocks` blocks and prefix caching on."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from lab.config.compose import compose_config
+    from lab.engine.llm_engine import LLMEngine
+    from lab.metrics.memory import InMemoryLogger
+
+    cfg = compose_config([*overrides, "executor=uniproc", "engine_client=inproc",
+                          f"num_gpu_blocks={plan_blocks}", "enable_prefix_caching=true"])
+    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values()]
+    loggers.append(InMemoryLogger())  # replay's own record of a run
+    engine = LLMEngine(cfg, loggers=loggers)
+    scratch = Path(tempfile.mkdtemp(prefix="lab-profile-"))
+    for logger in loggers:
+        logger.on_start(scratch, OmegaConf.to_container(cfg, resolve=True), None)
+    return engine
+
+
+def fingerprint(cfg: Any, choices: dict[str, str] | None = None) -> dict[str, Any]:
+    """What a profile depends on (FINGERPRINT_KEYS and the options of FINGERPRINT_GROUPS)."""
+    from omegaconf import OmegaConf
+
+    out: dict[str, Any] = {k: OmegaConf.to_container(cfg, resolve=True).get(k)
+                           for k in FINGERPRINT_KEYS}
+    for group in FINGERPRINT_GROUPS:
+        node = cfg.get(group)
+        out[group] = (OmegaConf.to_container(node, resolve=True)
+                      if node is not None and not isinstance(node, (str, int, float)) else node)
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """This machine, as a profile records it."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {"cpu": cpu, "cpus": os.cpu_count(), "gpu": gpu, "platform": platform.platform(),
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def source_commit() -> str:
+    """The commit of the lab checkout this runs from (with `+dirty` when it has changes), else
+    lab's version."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, text=True,
+                              capture_output=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, text=True, capture_output=True, timeout=10).stdout
+        return head + ("+dirty" if dirty.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import version
+
+        return f"lab {version('lab')}"
+
+
+def ratio_quantiles(samples: list[Sample], ops: Operators) -> tuple[list[float], dict]:
+    """Quantiles of measured / predicted loop time over the samples, and the fit's error."""
+    ratios = np.array([s.loop / max(ops.predict(s.shape), 1e-9) for s in samples])
+    q = np.quantile(ratios, np.linspace(0, 1, RATIO_QUANTILES))
+    err = np.abs(ratios - 1)
+    return [float(v) for v in q], {"num_steps": len(samples), "median_abs_error": float(
+        np.median(err)), "mean_abs_error": float(err.mean()), "p90_abs_error": float(
+        np.quantile(err, 0.9))}
+
+
+def build_profile(samples: list[Sample], padded: bool, meta: dict[str, Any]) -> dict[str, Any]:
+    """The profile JSON of a sweep's samples (meta: model, device, config, machine, ...)."""
+    block_size = int(meta["config"]["block_size"])
+    tables = build_operators(samples, padded, block_size)
+    tables["cpu"] = {"features": list(CPU_FEATURES), "coefficients": [0.0] * len(CPU_FEATURES)}
+    profile = {"kind": PROFILE_KIND, **meta, "attention_padded": padded, "operators": tables}
+    coef, cpu_fit = fit_cpu(samples, Operators.of({**profile, "step_ratio_quantiles": [1, 1]}))
+    tables["cpu"] = {"features": list(CPU_FEATURES), "coefficients": coef, "fit": cpu_fit}
+    ops = Operators.of(profile)
+    profile["step_ratio_quantiles"], profile["fit"] = ratio_quantiles(samples, ops)
+    return profile
+
+
+def run_profile(overrides: list[str], max_batch: int = 32, max_context: int = 512,
+                repeats: int = 3, max_kv_gb: float = 2.0, seed: int = 0,
+                log=print) -> dict[str, Any]:
+    """Compose, warm up, sweep and build the profile of `run.py OVERRIDES` on this machine."""
+    from lab.config.compose import compose_with_choices
+
+    cfg, choices = compose_with_choices(overrides)
+    blocks = max(max_batch * (max_context + 64) // cfg.block_size + 64, 256)
+    t0 = time.perf_counter()
+    engine = profile_engine(overrides, blocks)
+    plan = plan_sweep(engine, max_batch, max_context, repeats, max_kv_gb)
+    profiler = Profiler(engine, random.Random(seed))
+    try:
+        warm = SweepPlan(plan.batches[:2], plan.contexts[:1], plan.chunks[:2], plan.contexts[:1],
+                         plan.admits[:1], 1, 2, plan.max_kv_tokens)
+        profiler.sweep(warm)  # first calls: allocations, oneDNN primitives, lazy builds
+        profiler.samples.clear()
+        engine.core.reset_prefix_cache()
+        profiler.sweep(plan)
+    finally:
+        profiler.close()
+    samples = profiler.samples
+    log(f"profiled {len(samples)} steps in {time.perf_counter() - t0:.0f} s "
+        f"(batches {plan.batches}, contexts {plan.contexts}, chunks {plan.chunks})")
+    meta = {"model": choices.get("model"), "model_name": engine.hf_config.name_or_path,
+            "device": "cuda" if machine()["gpu"] and str(cfg.get("device", "")).startswith(
+                "cuda") else "cpu",
+            "attention": choices.get("attention"), "config": fingerprint(cfg),
+            "choices": choices, "overrides": list(overrides), "machine": machine(),
+            "commit": source_commit(), "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "plan": vars(plan)}
+    return build_profile(samples, profiler.padded, meta)
+
+
+def allreduce_table(world_size: int, profile: dict[str, Any]) -> dict[str, Any]:
+    """A measured all-reduce table (lab/sim/comm.py) over `world_size` local processes, gloo on
+    the CPU (nccl on a GPU machine), from 16 B to 16 MiB."""
+    from lab.sim.comm import DEFAULT_SIZES, MeasuredAllReduce, measure_allreduce
+
+    backend = "nccl" if profile["device"] == "cuda" else "gloo"
+    timings = measure_allreduce(world_size, DEFAULT_SIZES, backend=backend)
+    source = f"measure_allreduce {backend} x {world_size} on {profile['machine']['cpu']}"
+    return MeasuredAllReduce.from_timings(timings, world_size, source).to_dict()
+
+
+def summary_lines(profile: dict[str, Any]) -> list[str]:
+    """A few lines on a profile: where, what, and how well its operators explain its steps."""
+    fit = profile["fit"]
+    cpu = dict(zip(profile["operators"]["cpu"]["features"],
+                   profile["operators"]["cpu"]["coefficients"]))
+    return [f"{profile['model']} ({profile['attention']}, {profile['config']['dtype']}) on "
+            f"{profile['machine']['cpu']} x{profile['machine']['cpus']}, commit "
+            f"{profile['commit']}",
+            "cpu term: " + "  ".join(f"{k} {v * 1e3:.3f} ms" for k, v in cpu.items()),
+            f"{fit['num_steps']} steps: |measured / predicted - 1| median "
+            f"{100 * fit['median_abs_error']:.1f} %, p90 {100 * fit['p90_abs_error']:.1f} %"]
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("run_dirs", nargs="+", type=Path)
+    p = argparse.ArgumentParser(prog="python -m lab.sim.profile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("overrides", nargs="*", help="run.py overrides (model=..., attention=...)")
     p.add_argument("-o", "--output", type=Path, default=Path("profile.json"))
-    p.add_argument("--skip-first", type=int, default=1, help="warm-up steps dropped per run")
+    p.add_argument("--max-batch", type=int, default=32, help="largest decode batch swept")
+    p.add_argument("--max-context", type=int, default=512, help="longest context swept")
+    p.add_argument("--repeats", type=int, default=3, help="samples per prefill/admit point")
+    p.add_argument("--max-kv-gb", type=float, default=2.0,
+                   help="skip decode batches whose KV would pass this (GiB)")
+    p.add_argument("--seed", type=int, default=0, help="the sweep's prompt tokens")
+    p.add_argument("--allreduce-ranks", type=int, default=0, metavar="N",
+                   help="also time all-reduces between N local processes (gloo on the CPU) "
+                        "and store the table: sim.allreduce=THIS_PROFILE costs TP=N with it")
     args = p.parse_args(argv)
-    profile = fit_profile(args.run_dirs, args.skip_first)
-    args.output.write_text(json.dumps(profile, indent=2) + "\n")
-    terms = "  ".join(f"{n}={c:.3g}" for n, c in zip(profile["features"],
-                                                       profile["coefficients"]))
-    fit_ = profile["fit"]
-    print(f"{fit_['num_steps']} steps: {terms}\nrmse {fit_['rmse_s'] * 1e3:.3f} ms  "
-          f"mape {100 * fit_['mape']:.1f}%  r2 {fit_['r2']:.3f}  -> {args.output}")
+    profile = run_profile(args.overrides, args.max_batch, args.max_context, args.repeats,
+                          args.max_kv_gb, args.seed)
+    if args.allreduce_ranks > 1:
+        profile["allreduce"] = allreduce_table(args.allreduce_ranks, profile)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(profile, indent=1) + "\n")
+    print("\n".join(summary_lines(profile)) + f"\n-> {args.output}")
 
 
 if __name__ == "__main__":

@@ -254,7 +254,7 @@ def test_step_profile_timers_put_back_an_instance_attribute():
     """Closing the timers restores what the instance had of its own (compile=true replaces
     model.forward on the instance: deleting it left the eager forward, which fails outside a
     step context) and lets a class method show through again."""
-    from lab.bench.step_profile import Timers
+    from lab.metrics.timers import Timers
 
     class Model:
         def forward(self):

@@ -39,6 +39,21 @@ def test_tp2_logits_equal_tp1(pool, tiny_path, name, expert_parallel, spec):
     torch.testing.assert_close(r0["logits"], r0["ref"], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name,expert_parallel", [(n, ep) for n, ep, _ in CASES],
+                         ids=[f"{n}{'-ep' if ep else ''}" for n, ep, _ in CASES])
+def test_the_simulators_per_rank_shape_counts_each_ranks_parameters(pool, tiny_path, name,
+                                                                    expert_parallel):
+    """lab/sim/model_shape.py at tensor_parallel_size=2 against the loaded ranks: parameters
+    and fp32 weight bytes of each rank (heads, kv heads replicated or split, vocab-parallel
+    embedding, replicated norms and MLA latent projections, experts split or whole)."""
+    from lab.sim.model_shape import ModelShape
+
+    cfg = AutoConfig.from_pretrained(tiny_path(name))
+    shape = ModelShape.from_hf_config(cfg, 2, expert_parallel)
+    for rank in pool.run(fns.rank_params, str(tiny_path(name)), expert_parallel):
+        assert rank == {"params": shape.num_params, "weight_bytes": shape.weight_bytes(4)}
+
+
 @pytest.mark.parametrize("name,expert_parallel", [("tiny_llama", False), ("tiny_deepseek", False),
                                                   ("tiny_deepseek", True)])
 def test_tp2_int8_logits_equal_tp1(pool, tiny_path, name, expert_parallel):

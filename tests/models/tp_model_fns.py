@@ -35,3 +35,14 @@ def tp_and_tp1_logits(state, path: str, expert_parallel: bool = False,
             dense, _ = load_model(path, backend, torch.float32, "cpu")
             out["dense"] = prefill_logits(dense, backend, PROMPT)
     return out
+
+
+def rank_params(state, path: str, expert_parallel: bool = False) -> dict:
+    """This rank's parameter count (each storage once) and weight bytes, its model loaded with
+    tp=2 in fp32: what the simulator's per-rank ModelShape must equal."""
+    from lab.quant.base import weight_bytes
+
+    model, _ = load_model(path, TorchAttentionBackend(), torch.float32, "cpu", tp=state.tp,
+                          expert_parallel=expert_parallel)
+    storages = {p.untyped_storage().data_ptr(): p.numel() for p in model.parameters()}
+    return {"params": sum(storages.values()), "weight_bytes": weight_bytes(model)}

@@ -1,18 +1,13 @@
-"""Step-time models (lab/sim/step_time) against hand-computed values; the profiled fit recovers a
-known linear model, through `python -m lab.sim.profile` too."""
+"""The constant and roofline step-time models (lab/sim/step_time) against hand-computed values
+(the profiled model: tests/sim/test_profiled.py)."""
 
-import json
-
-import numpy as np
 import pytest
 
 from lab.core.step import StepShape
-from lab.sim import profile
 from lab.sim.device import DeviceSpec
 from lab.sim.model_shape import ModelShape
 from lab.sim.step_time import SimTarget
 from lab.sim.step_time.constant import ConstantStepTime
-from lab.sim.step_time.profiled import FEATURES, ProfiledStepTime, features, fit, nnls
 from lab.sim.step_time.roofline import RooflineStepTime
 
 # 2 layers, hidden 4, vocab 10, 2 heads of 2 over 1 KV head, MLP 8: per layer q 16 + k,v 16 +
@@ -80,80 +75,6 @@ def test_roofline_needs_binding_and_binding_leaves_the_built_model_alone():
     assert ROOF.bind(TARGET) is not ROOF and ROOF.target is None
 
 
-def test_nnls_matches_a_known_non_negative_solution():
-    rng = np.random.default_rng(0)
-    a = rng.random((50, 4))
-    x = np.array([1.0, 0.0, 2.0, 0.5])
-    assert np.allclose(nnls(a, a @ x), x, atol=1e-9)
-    # the unconstrained optimum has a negative part: NNLS clamps it to 0
-    b = a @ np.array([1.0, -1.0, 0.0, 0.0])
-    assert (nnls(a, b) >= 0).all()
-
-
-def _synthetic_steps(n: int, coef: dict[str, float], seed: int = 0):
-    rng = np.random.default_rng(seed)
-    shapes = []
-    for _ in range(n):
-        chunks = [(int(q), int(c), int(q + c)) for q, c in
-                  zip(rng.integers(2, 64, rng.integers(0, 3)), rng.integers(0, 256, 3))]
-        chunks += [(1, int(c), int(c) + 1) for c in rng.integers(1, 512, rng.integers(0, 16))]
-        shapes.append(StepShape.of(chunks))
-    truth = np.array([coef.get(name, 0.0) for name in FEATURES])
-    times = [float(np.dot(features(s), truth)) * (1 + 0.001 * rng.standard_normal())
-             for s in shapes]
-    return shapes, times, truth
-
-
-COEF = {"const": 2e-3, "prefill_tokens": 5e-5, "decode_reqs": 3e-4,
-        "prefill_attention_pairs": 1e-8, "decode_context_tokens": 2e-7, "prefill_reqs": 1e-4}
-
-
-def test_profiled_fit_recovers_a_known_linear_model():
-    shapes, times, truth = _synthetic_steps(400, COEF)
-    coef, error = fit(np.array([features(s) for s in shapes]), np.array(times))
-    assert np.allclose(coef, truth, rtol=0.05, atol=1e-9)
-    assert error["r2"] > 0.999 and error["mape"] < 0.01 and error["num_steps"] == 400
-
-
-def test_profile_cli_fits_run_dirs_and_profiled_loads_it(tmp_path, capsys):
-    shapes, times, truth = _synthetic_steps(300, COEF, seed=1)
-    run = tmp_path / "run"
-    run.mkdir()
-    lines = [json.dumps({"num_scheduled_tokens": s.num_tokens,
-                         "num_prefill_reqs": s.num_prefill_reqs,
-                         "num_decode_reqs": s.num_decode_reqs,
-                         "prefill_attention_pairs": s.prefill_attention_pairs,
-                         "decode_context_tokens": s.decode_context_tokens,
-                         "schedule_time": 0.25 * t, "execute_time": 0.5 * t,
-                         "update_time": 0.25 * t, "time": 0.0, "num_running_reqs": 0,
-                         "num_waiting_reqs": 0}) for s, t in zip(shapes, times)]
-    (run / "steps.jsonl").write_text("\n".join(lines) + "\n")
-    out = tmp_path / "profile.json"
-    profile.main([str(run), "-o", str(out), "--skip-first", "0"])
-    assert "300 steps" in capsys.readouterr().out
-    saved = json.loads(out.read_text())
-    assert saved["features"] == list(FEATURES) and saved["fit"]["r2"] > 0.999
-    assert saved["runs"] == [{"run_dir": str(run)}] and "machine" in saved
-    model = ProfiledStepTime(str(out))
-    assert model.bind(TARGET) is model
-    for s, t in zip(shapes[:20], times[:20]):
-        assert model.predict(s) == pytest.approx(t, rel=0.05, abs=1e-6)
-
-
-def test_profiled_refuses_a_missing_path():
-    with pytest.raises(ValueError, match="sim.step_time.path"):
-        ProfiledStepTime(None)
-    with pytest.raises(FileNotFoundError, match="lab.sim.profile"):
-        ProfiledStepTime("/nonexistent/profile.json")
-
-
-def test_a_busy_step_is_timed_from_the_previous_step_end():
-    """While requests are unfinished the engine loops without waiting: the whole gap between
-    step ends (outputs, loggers, the replay included) is the step's time; after an idle wait
-    only the step's own schedule + execute + update counts."""
-    idle = {"time": 1.0, "num_running_reqs": 0, "num_waiting_reqs": 0}
-    busy = {"time": 1.0, "num_running_reqs": 2, "num_waiting_reqs": 1}
-    step = {"time": 1.5, "schedule_time": 0.1, "execute_time": 0.2, "update_time": 0.1}
-    assert profile.step_seconds(step, busy) == pytest.approx(0.5)
-    assert profile.step_seconds(step, idle) == pytest.approx(0.4)
-    assert profile.step_seconds(step, None) == pytest.approx(0.4)
+def test_each_model_says_what_it_is():
+    assert "uncalibrated roofline" in ROOF.bind(TARGET).describe()
+    assert ConstantStepTime(0.01).describe().startswith("constant")

@@ -18,3 +18,6 @@ class ConstantStepTime(StepTimeModel):
 
     def predict(self, shape: StepShape) -> float:
         return self.seconds + self.per_token * shape.num_tokens
+
+    def describe(self) -> str:
+        return f"constant ({self.seconds} s per step + {self.per_token} s per token)"

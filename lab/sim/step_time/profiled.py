@@ -1,126 +1,237 @@
-"""`sim/step_time=profiled`: a linear model of step time fitted to measured steps.
+"""`sim/step_time=profiled`: a step's time as the sum of its operators, each interpolated from a
+microbenchmark sweep of the real engine on the machine to be simulated (Vidur's method).
 
-    t = c0 + c1 prefill tokens + c2 decodes + c3 prefill attention pairs
-           + c4 decode context tokens + c5 prefill chunks
+    python -m lab.sim.profile model=tiny_llama -o profile.json       # the sweep (minutes)
+    python run.py executor=sim sim/step_time=profiled sim.step_time.path=profile.json sim.device=cpu
 
-with non-negative coefficients (each feature can only add time), fitted by
-`python -m lab.sim.profile RUN_DIR... -o profile.json` to the steps.jsonl of real runs (target:
-the time from one step's end to the next while the engine is busy, the whole loop; minimising
-each step's relative error) and loaded with
-`sim/step_time=profiled sim.step_time.path=profile.json`. The profile holds the coefficients,
-the feature names, the model and device it was measured on, and the fit's error.
+A step of shape s (lab.core.step.StepShape) takes
+
+    model(tokens)                     forward less attention: linears, norms, embedding, rotary
+  + attention                         the backend's forward, every layer, by how it batches:
+        padded backends (attention=torch, cpu; AttentionBackend.padded_batches):
+            decode steps   decode(requests, max context)
+            other steps    prefill(requests x max_query_len, max context)   one padded call
+        ragged backends (triton_*):
+            decode(decodes, mean context) + sum over prefill chunks of prefill(q, c + q),
+            each less the fixed cost of a call (the cheapest decode measured) but one
+  + logits(sampled) + sampling(sampled)   LM head and sampler over the requests that sample
+  + cpu                               everything else of the engine's loop: scheduling, input
+                                      preparation, output processing, statistics, the replay;
+                                      a + b requests + c new requests + d tokens
+
+`model`, `logits` and `sampling` are curves over one count, `decode` and `prefill` surfaces over
+(x, keys): a curve per measured key length, interpolated between them; everything piecewise
+linear, extrapolated linearly past the sweep. `cpu` is a non-negative least-squares fit (its
+terms vary independently in the sweep). Each point keeps the median and p10/p90 of its samples.
+
+Variance (`variance`): `median` predicts the median step; `sample` multiplies it by a ratio drawn
+(seeded) from the profile's distribution of measured / predicted step times over the sweep's
+steps, so tails are not systematically low. The profile stores the machine, commit and engine
+configuration it was measured with; `describe()` says which mode a run used.
+
+Tensor parallelism: a profile is measured on one rank (tensor_parallel_size=1). At TP = n the
+model, attention and logits operators are taken as 1/n of the profile's (each rank holds 1/n of
+the heads and linear columns), sampling and the CPU term as measured, and the executor adds the
+step's collectives (lab/sim/comm.py): the device's ring model, or the table a profile measured
+with `python -m lab.sim.profile --allreduce-ranks n` through `sim.allreduce=PROFILE.json`. An
+approximation: the split GEMMs of a small model do not scale perfectly.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+import random
+from bisect import bisect_right
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from lab.core.step import StepShape
-from lab.sim.step_time.base import StepTimeModel
+from lab.sim.step_time.base import SimTarget, StepTimeModel
 
 log = logging.getLogger(__name__)
 
-#: feature name -> its value for a step (from a StepShape)
-FEATURES: dict[str, Callable[[StepShape], float]] = {
-    "const": lambda s: 1.0,
-    "prefill_tokens": lambda s: s.num_prefill_tokens,
-    "decode_reqs": lambda s: s.num_decode_reqs,
-    "prefill_attention_pairs": lambda s: s.prefill_attention_pairs,
-    "decode_context_tokens": lambda s: s.decode_context_tokens,
-    "prefill_reqs": lambda s: s.num_prefill_reqs,
-}
+PROFILE_KIND = "lab.sim.step_time.profiled/operators-1"
+VARIANCE_MODES = ("median", "sample")
+#: the cpu term's features, in the order of the profile's coefficients
+CPU_FEATURES = ("const", "requests", "new_requests", "tokens")
 
 
-def features(shape: StepShape, names: list[str] | tuple[str, ...] = tuple(FEATURES)) -> list[float]:
-    """The feature vector of a step."""
-    return [float(FEATURES[n](shape)) for n in names]
+@dataclass(frozen=True)
+class Curve:
+    """Piecewise-linear y(x) through measured points, floored at 0. Past the last point it goes
+    on along the line from the middle point to the last (a slope over half the range, not the
+    last two noisy points'), before the first along the line from the first to the middle."""
+
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.xs or len(self.xs) != len(self.ys) or list(self.xs) != sorted(set(self.xs)):
+            raise ValueError(f"a curve needs increasing distinct x with one y each: {self.xs}")
+
+    def at(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        n = len(xs)
+        if n == 1:
+            return ys[0] * x / xs[0] if xs[0] else ys[0]  # one point: proportional
+        if x > xs[-1]:
+            i, j = n // 2 if n > 2 else 0, n - 1
+        elif x < xs[0]:
+            i, j = 0, max(n // 2, 1)
+        else:
+            j = min(max(bisect_right(xs, x), 1), n - 1)  # the segment [j-1, j]
+            i = j - 1
+        x0, x1, y0, y1 = xs[i], xs[j], ys[i], ys[j]
+        return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
+
+    @classmethod
+    def of(cls, points: dict[str, Any], key: str = "median") -> Curve:
+        return cls(tuple(points["x"]), tuple(points[key]))
 
 
-def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
-    """min ||a x - b|| subject to x >= 0 (Lawson-Hanson active set; numpy only)."""
-    m, n = a.shape
-    x, passive = np.zeros(n), np.zeros(n, dtype=bool)
-    w = a.T @ (b - a @ x)
-    tol = 10 * np.finfo(float).eps * np.linalg.norm(a, 1) * max(m, n)
-    for _ in range(max_iter or 3 * n):
-        if passive.all() or w[~passive].max(initial=-np.inf) <= tol:
-            break
-        passive[np.argmax(np.where(passive, -np.inf, w))] = True
-        while True:
-            z = np.zeros(n)
-            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
-            if not passive.any() or z[passive].min() > 0:
-                break
-            neg = passive & (z <= 0)
-            alpha = np.min(x[neg] / (x[neg] - z[neg]))
-            x = x + alpha * (z - x)
-            passive &= x > tol
-        x = z
-        w = a.T @ (b - a @ x)
-    return x
+@dataclass(frozen=True)
+class Surface:
+    """f(x, key): a Curve over x for each measured key length, linear between them in key
+    (extrapolated linearly past the first and last)."""
+
+    keys: tuple[float, ...]
+    curves: tuple[Curve, ...]
+
+    def at(self, x: float, key: float) -> float:
+        keys = self.keys
+        if len(keys) == 1:
+            return self.curves[0].at(x)
+        i = min(max(bisect_right(keys, key), 1), len(keys) - 1)
+        k0, k1 = keys[i - 1], keys[i]
+        y0, y1 = self.curves[i - 1].at(x), self.curves[i].at(x)
+        if not k0 <= key <= k1:  # past the rows: more keys never cost less
+            y1 = max(y1, y0) if key > k1 else y1
+            y0 = min(y0, y1) if key < k0 else y0
+        return max(y0 + (y1 - y0) * (key - k0) / (k1 - k0), 0.0)
+
+    @classmethod
+    def of(cls, rows: list[dict[str, Any]], key: str = "median") -> Surface:
+        rows = sorted(rows, key=lambda r: r["key"])
+        return cls(tuple(r["key"] for r in rows), tuple(Curve.of(r, key) for r in rows))
 
 
-def fit(
-    x: np.ndarray, y: np.ndarray, relative: bool = True, iterations: int = 8,
-) -> tuple[np.ndarray, dict[str, float]]:
-    """Non-negative least squares of y on the columns of x; returns the coefficients and the
-    fit's error (rmse_s, mape, r2).
+@dataclass(frozen=True)
+class Operators:
+    """The interpolated operators of one profile (see the module docstring)."""
 
-    relative: minimise each step's error relative to its predicted time (iteratively
-    reweighted: rows weighted by 1 / prediction, from the absolute fit on). A run has many small
-    decode steps and a few large prefill steps; an absolute fit serves the large ones and misses
-    the small ones, which decide TPOT. Weighting by 1 / measured time instead biases every
-    prediction low (a step measured slow by noise gets less weight). How much, on the
-    validation's profiling runs: experiments/sim_validation/README.md."""
-    coef = _weighted_nnls(x, y, np.ones_like(y))
-    for _ in range(iterations if relative else 0):
-        coef = _weighted_nnls(x, y, 1.0 / np.maximum(x @ coef, 1e-9))
-    pred = x @ coef
-    resid = y - pred
-    ss_tot = float(((y - y.mean()) ** 2).sum())
-    return coef, {
-        "rmse_s": float(np.sqrt((resid ** 2).mean())),
-        "mape": float(np.mean(np.abs(resid) / np.maximum(np.abs(y), 1e-12))),
-        "r2": 1.0 - float((resid ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0,
-        "num_steps": int(len(y)),
-    }
+    model: Curve
+    logits: Curve
+    sampling: Curve
+    decode: Surface
+    prefill: Surface
+    cpu: tuple[float, ...]  # CPU_FEATURES coefficients
+    padded: bool
+    block_size: int
+    call: float = 0.0  # the fixed cost of an attention call: one decode of the shortest context
+
+    @classmethod
+    def of(cls, profile: dict[str, Any]) -> Operators:
+        ops = profile["operators"]
+        decode = Surface.of(ops["decode"])
+        return cls(Curve.of(ops["model"]), Curve.of(ops["logits"]), Curve.of(ops["sampling"]),
+                   decode, Surface.of(ops["prefill"]), tuple(ops["cpu"]["coefficients"]),
+                   bool(profile["attention_padded"]), int(profile["config"]["block_size"]),
+                   min(c.ys[0] for c in decode.curves))
+
+    def parts(self, s: StepShape) -> dict[str, float]:
+        """Seconds of each operator of a step of shape s."""
+        sampled = s.num_sampled_reqs
+        return {"model": self.model.at(s.num_tokens) if s.num_tokens else 0.0,
+                "attention": self.attention(s),
+                "logits": self.logits.at(sampled) if sampled else 0.0,
+                "sampling": self.sampling.at(sampled) if sampled else 0.0,
+                "cpu": self.cpu_seconds(s)}
+
+    def attention(self, s: StepShape) -> float:
+        if s.num_tokens == 0:
+            return 0.0
+        if self.padded:
+            keys = -(-s.max_context_len // self.block_size) * self.block_size  # whole blocks
+            if s.num_prefill_reqs == 0:
+                return self.decode.at(s.num_decode_reqs, keys)
+            return self.prefill.at(s.num_reqs * s.max_query_len, keys)
+        parts = [self.prefill.at(q, c + q) for q, c in s.prefill_chunks]
+        if s.num_decode_reqs:
+            parts.append(self.decode.at(s.num_decode_reqs,
+                                        s.decode_context_tokens / s.num_decode_reqs))
+        return self.call + sum(max(p - self.call, 0.0) for p in parts)
+
+    def cpu_seconds(self, s: StepShape) -> float:
+        a, per_req, per_new, per_token = self.cpu
+        return a + per_req * s.num_reqs + per_new * s.num_new_reqs + per_token * s.num_tokens
+
+    def predict(self, s: StepShape, tensor_parallel_size: int = 1) -> float:
+        parts = self.parts(s)
+        if tensor_parallel_size > 1:
+            for name in ("model", "attention", "logits"):  # the split operators
+                parts[name] /= tensor_parallel_size
+        return sum(parts.values())
 
 
-def _weighted_nnls(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """nnls of (weight * y) on (weight * x), columns scaled to unit norm for conditioning."""
-    xw, yw = x * weight[:, None], y * weight
-    scale = np.linalg.norm(xw, axis=0)
-    scale[scale == 0] = 1.0
-    return nnls(xw / scale, yw) / scale
+def load_profile(path: str | Path) -> dict[str, Any]:
+    """A profile written by `python -m lab.sim.profile`, checked to be one."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"sim.step_time.path={str(path)!r}: no such profile (write one "
+                                f"with `python -m lab.sim.profile [OVERRIDES...] -o {path}`)")
+    profile = json.loads(Path(path).read_text())
+    if profile.get("kind") != PROFILE_KIND:
+        raise ValueError(f"sim.step_time.path={str(path)!r} is not an operator profile (kind "
+                         f"{profile.get('kind')!r}, expected {PROFILE_KIND!r}): write one with "
+                         "`python -m lab.sim.profile [OVERRIDES...]`")
+    return profile
 
 
 class ProfiledStepTime(StepTimeModel):
-    """A fitted profile (JSON written by `python -m lab.sim.profile`)."""
+    """Operator-level step times from a profile (JSON written by `python -m lab.sim.profile`)."""
 
-    def __init__(self, path: str | None = None, profile: dict[str, Any] | None = None) -> None:
+    def __init__(self, path: str | None = None, variance: str = "median", seed: int = 0,
+                 profile: dict[str, Any] | None = None) -> None:
+        if variance not in VARIANCE_MODES:
+            raise ValueError(f"sim.step_time.variance={variance!r}: use one of "
+                             f"{', '.join(VARIANCE_MODES)}")
         if profile is None:
             if not path:
                 raise ValueError("sim/step_time=profiled needs sim.step_time.path=PROFILE.json "
-                                 "(write one with `python -m lab.sim.profile RUN_DIR... -o "
+                                 "(write one with `python -m lab.sim.profile [OVERRIDES...] -o "
                                  "PROFILE.json`)")
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"sim.step_time.path={path!r}: no such profile (write "
-                                        "one with `python -m lab.sim.profile RUN_DIR... -o "
-                                        f"{path}`)")
-            profile = json.loads(Path(path).read_text())
-        self.names = list(profile["features"])
-        unknown = sorted(set(self.names) - set(FEATURES))
-        if unknown:
-            raise ValueError(f"profile {path}: unknown features {unknown} (known: "
-                             f"{', '.join(FEATURES)})")
-        self.coef = [float(c) for c in profile["coefficients"]]
+            profile = load_profile(path)
+        self.path, self.variance, self.seed = path, variance, int(seed)
+        self.tensor_parallel_size = 1  # of the run it is bound to
         self.profile = profile
+        self.operators = Operators.of(profile)
+        self.ratios = tuple(profile["step_ratio_quantiles"])
+        self._rng = random.Random(self.seed)
+
+    def bind(self, target: SimTarget) -> ProfiledStepTime:
+        """A fresh model (its own random stream from the seed) for a run."""
+        if target.device.is_cpu is False and self.profile.get("device") == "cpu":
+            log.warning("a CPU profile (%s) simulates %s: its times are this machine's, not the "
+                        "device's", self.path, target.device.name)
+        bound = ProfiledStepTime(self.path, self.variance, self.seed, self.profile)
+        bound.tensor_parallel_size = target.tensor_parallel_size
+        return bound
 
     def predict(self, shape: StepShape) -> float:
-        return max(sum(c * v for c, v in zip(self.coef, features(shape, self.names))), 0.0)
+        t = self.operators.predict(shape, self.tensor_parallel_size)
+        if self.variance == "sample":
+            t *= self._ratio(self._rng.random())
+        return t
+
+    def _ratio(self, u: float) -> float:
+        """The measured / predicted ratio at quantile u (linear between stored quantiles)."""
+        q = self.ratios
+        pos = u * (len(q) - 1)
+        i = min(int(pos), len(q) - 2)
+        return q[i] + (q[i + 1] - q[i]) * (pos - i)
+
+    def describe(self) -> str:
+        machine = self.profile.get("machine", {}).get("cpu", "?")
+        return (f"profiled operators ({self.profile.get('model')}, {machine}, variance "
+                f"{self.variance}{f' seed {self.seed}' if self.variance == 'sample' else ''})")

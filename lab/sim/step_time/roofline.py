@@ -16,6 +16,10 @@ A step runs three phases one after the other, each bound by compute or by memory
 Keys read by prefill chunks are estimated from the shape (which has no per-chunk context): with
 P prefill tokens in R chunks of q = P / R tokens each, pairs = sum(q c) + R q (q + 1) / 2, so
 sum(c) = (pairs - R q (q + 1) / 2) / q, and the chunks read sum(c) + P keys.
+
+With tensor parallelism the bound target's model is one rank's shape (its heads, KV heads,
+MLP and vocabulary slices, lab/sim/model_shape.py), so these are one rank's FLOPs and bytes;
+the step's all-reduces are not in `predict`: the executor adds `SimTarget.comm_seconds`.
 """
 
 from __future__ import annotations
@@ -51,6 +55,12 @@ class RooflineStepTime(StepTimeModel):
         if shape.num_tokens == 0:
             return self.overhead_s
         return self.overhead_s + sum(self._time(f, b) for f, b in self.phases(shape))
+
+    def describe(self) -> str:
+        calibration = ("uncalibrated roofline: data-sheet peaks" if self.target is None
+                       else f"uncalibrated roofline: {self.target.device.source}")
+        return (f"roofline ({calibration} x efficiencies {self.flops_efficiency} / "
+                f"{self.bandwidth_efficiency}, {self.overhead_s * 1e3:g} ms per step)")
 
     def _time(self, flops: float, nbytes: float) -> float:
         device = self.target.device
