@@ -1,7 +1,8 @@
 """The simulator runs the real scheduler: on the same trace and the same (virtual) clock, the real
 engine (tiny_llama on the CPU) and `executor=sim` with a constant step time make the same
 scheduling decision at every step (tokens per request, preemptions), and VirtualClock waits reach
-their deadline exactly."""
+their deadline exactly. The real engine warms up first (lab/engine/warmup.py; the simulator never
+does): its run then decides as a fresh engine would."""
 
 import pytest
 from omegaconf import open_dict
@@ -10,6 +11,7 @@ from lab.clock import VirtualClock
 from lab.config.compose import compose_config
 from lab.engine.llm_engine import LLMEngine
 from lab.engine.replay import replay
+from lab.engine.warmup import PREFIX
 from lab.executor.uniproc import UniprocExecutor
 from lab.workloads.synthetic import SyntheticWorkload
 
@@ -44,7 +46,8 @@ def _decisions(executor: dict | str, preemption: str) -> list[tuple[dict, set]]:
 
     def recording():
         out = schedule()
-        decisions.append((dict(out.num_scheduled_tokens), set(out.preempted_req_ids)))
+        if not any(r.startswith(PREFIX) for r in out.num_scheduled_tokens):  # the run's only
+            decisions.append((dict(out.num_scheduled_tokens), set(out.preempted_req_ids)))
         return out
 
     engine.scheduler.schedule = recording
