@@ -30,6 +30,7 @@ import argparse
 import csv
 import hashlib
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,6 +47,7 @@ METRICS = (("output tok/s", "output_throughput", "p50"), ("TTFT p50", "ttft_p50"
            ("TTFT p99", "ttft_p99", "p99"), ("TPOT p99", "tpot_p99", "p99"),
            ("E2E p99", "e2e_p99", "p99"), ("preemptions", "num_preemptions", "count"))
 SIM = ["executor=sim", "sim/step_time=profiled", "sim.device=cpu"]
+LOGGERS = ["logger=[jsonl]"]  # every run writes its steps; the profile is measured with the same
 
 
 @dataclass
@@ -100,8 +102,7 @@ def profile_path(overrides: list[str], cache_dir: Path) -> tuple[Path, dict[str,
 
 def run_py(overrides: list[str], run_dir: Path) -> dict[str, Any]:
     """`python run.py OVERRIDES` into run_dir (jsonl logger only); its summary.json."""
-    cmd = [sys.executable, "-m", "lab.run", *overrides, "logger=[jsonl]",
-           f"hydra.run.dir={run_dir}"]
+    cmd = [sys.executable, "-m", "lab.run", *overrides, f"hydra.run.dir={run_dir}"]
     print("  $ python run.py", " ".join(cmd[3:]), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     summary = run_dir / "summary.json"
@@ -111,7 +112,7 @@ def run_py(overrides: list[str], run_dir: Path) -> dict[str, Any]:
     return json.loads(summary.read_text())
 
 
-def ensure_profile(overrides: list[str], out: Path, given: Path | None, reprofile: bool,
+def ensure_profile(overrides: list[str], given: Path | None, reprofile: bool,
                    cache_dir: Path) -> Path:
     """The profile to simulate with: given, stored, or measured now (then stored)."""
     if given is not None:
@@ -139,7 +140,10 @@ def validate(overrides: list[str], out: Path, repeats: int = 3, sim_seeds: int =
 
         cache_dir = lab_cache_dir() / "sim_profiles"
     out.mkdir(parents=True, exist_ok=True)
-    path = ensure_profile(overrides, out, profile, reprofile, cache_dir)
+    overrides = [*overrides, *LOGGERS]
+    path = ensure_profile(overrides, profile, reprofile, cache_dir)
+    if path.resolve() != (out / "profile.json").resolve():
+        shutil.copyfile(path, out / "profile.json")  # the run's record keeps what it used
     real = [run_py(overrides, out / f"real-{i + 1}") for i in range(repeats)]
     blocks = {s["num_kv_blocks"] for s in real}
     if len(blocks) != 1:
