@@ -65,6 +65,7 @@ class StepShape:
     max_context_len: int = 0  # max over the step's requests of c + q
     num_sampled_reqs: int = 0
     num_new_reqs: int = 0  # admitted or resumed this step
+    num_finished_reqs: int = 0  # known after the step (the simulator's executor sets it)
 
     @property
     def num_prefill_tokens(self) -> int:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lab.cache.sizing import CacheSizing, cpu_kv_bytes
@@ -54,6 +54,7 @@ class _SimState:
     num_tokens: int
     num_computed: int
     forbidden: frozenset[int]  # token ids the rule must not produce (EOS, stop tokens)
+    end: int  # the length at which it finishes: prompt + max_tokens (outputs never stop early)
 
 
 class SimExecutor(Executor):
@@ -80,6 +81,7 @@ class SimExecutor(Executor):
         self.clock = VirtualClock()
         self.bytes_per_block = self.target.kv_bytes_per_token * config.knobs.block_size
         self.num_blocks = 0
+        self.max_model_len = 0
         self.states: dict[str, _SimState] = {}
         self.eos_ids = frozenset(eos_token_ids(self.hf_config))
         tp = self.target.tensor_parallel_size
@@ -135,24 +137,30 @@ class SimExecutor(Executor):
         self, num_blocks: int, max_model_len: int, num_swap_blocks: int = 0
     ) -> None:
         self.num_blocks = num_blocks
+        self.max_model_len = max_model_len
 
     # -- steps ------------------------------------------------------------------------------
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(sched)
         sampled = {}
+        finishing = 0
         for rid, n in sched.num_scheduled_tokens.items():
             state = self.states[rid]
             state.num_computed += n
             if state.num_computed >= state.num_tokens:
                 sampled[rid] = self._token(rid, state)
                 state.num_tokens += 1
-        self.clock.advance(self.step_seconds(sched))
+                finishing += state.num_tokens >= min(state.end, self.max_model_len or state.end)
+        self.clock.advance(self.step_seconds(sched, finishing))
         return ModelRunnerOutput(sampled)
 
-    def step_seconds(self, sched: SchedulerOutput) -> float:
-        """The step's predicted time, its tensor-parallel collectives (0 at TP=1) and its swap
-        copies over the host link (each rank copies its own blocks over its own link)."""
+    def step_seconds(self, sched: SchedulerOutput, finishing: int = 0) -> float:
+        """The step's predicted time (`finishing`: requests its tokens finish, whose outputs and
+        frees the engine's CPU pays for), its tensor-parallel collectives (0 at TP=1) and its
+        swap copies over the host link (each rank copies its own blocks over its own link)."""
         shape = sched.shape
+        if finishing:
+            shape = replace(shape, num_finished_reqs=finishing)
         swapped = (shape.swap_in_blocks + shape.swap_out_blocks) * self.bytes_per_block
         comm = 0.0 if self.step_time.includes_comm else self.target.comm_seconds(shape)
         return (self.step_time.predict(shape) + comm
@@ -163,8 +171,11 @@ class SimExecutor(Executor):
             self.states.pop(rid, None)
         for new in sched.scheduled_new_reqs:
             forbidden = self.eos_ids | frozenset(new.sampling_params.stop_token_ids)
+            max_tokens = new.sampling_params.max_tokens
+            length = len(new.prompt_token_ids)
             self.states[new.req_id] = _SimState(
-                len(new.prompt_token_ids), new.num_computed_tokens, forbidden)
+                length, new.num_computed_tokens, forbidden,
+                length + max_tokens if max_tokens is not None else 1 << 62)
         for cached in sched.scheduled_cached_reqs:
             self.states[cached.req_id].num_computed = cached.num_computed_tokens
 

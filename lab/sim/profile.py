@@ -35,7 +35,7 @@ import subprocess
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from lab.core.step import StepShape
-from lab.sim.step_time.profiled import CPU_FEATURES, PROFILE_KIND, Operators
+from lab.sim.step_time.profiled import CPU_FEATURES, PROFILE_KIND, Curve, Operators
 
 #: engine settings a profile depends on (its fingerprint); everything else — the cache size,
 #: scheduler, preemption, workload — changes which steps a run takes, not what a step costs
@@ -118,9 +118,9 @@ class Profiler:
 
         scheduler.schedule = schedule
         self.padded = bool(getattr(runner.attn_backend, "padded_batches", False))
-        vocab = engine.hf_config.vocab_size
-        eos = engine.eos_token_id
-        self._tokens = [t for t in range(3, vocab) if t != eos]
+        from lab.engine.warmup import ordinary_token_ids
+
+        self._tokens = [int(t) for t in ordinary_token_ids(engine)]
 
     def close(self) -> None:
         self.timers.close()
@@ -142,13 +142,14 @@ class Profiler:
         """One engine step, recorded; `start`: when the loop began (a submission before it)."""
         before = dict(self.timers.seconds)
         t0 = time.perf_counter() if start is None else start
-        self.engine.step()
+        outputs = self.engine.step()
         loop = time.perf_counter() - t0
         now = self.timers.seconds
         part = {k: now.get(k, 0.0) - before.get(k, 0.0)
                 for k in ("forward", "attention", "logits", "sampling")}
         shape = self._shapes.pop() if self._shapes else StepShape()
         self._shapes.clear()
+        shape = replace(shape, num_finished_reqs=sum(o.finished for o in outputs))
         if shape.num_tokens:
             self.samples.append(Sample(shape, tag, key, loop, **part))
 
@@ -159,12 +160,30 @@ class Profiler:
     # -- the designed batches --------------------------------------------------------------
     def decode(self, batch: int, context: int, steps: int) -> None:
         """`batch` requests whose contexts reach `context` over `steps` decode steps (prompts
-        of context - steps tokens): their admission, then the decodes."""
-        t0 = time.perf_counter()
-        for _ in range(batch):
-            self.submit(self.prompt(context - steps), steps + 1)
-        self.step("admit", context - steps, t0)
+        of context - steps tokens), then the decodes."""
+        self.batch(batch, context - steps, steps + 1)
         self.drain()
+
+    def batch(self, n: int, length: int, max_tokens: int) -> None:
+        """n requests of `length` prompt tokens that share all but their last block: the first
+        prefills the shared part, the others find it in the prefix cache, so a batch of long
+        contexts costs one long prefill (attention reads each request's blocks all the same).
+        Returns once every one has its prompt computed."""
+        shared = self.prompt(length - 1)
+        self.submit(shared + self.prompt(1), max_tokens + 2)
+        while self.engine.core.scheduler.waiting or self._prefilling():
+            self.step()
+        t0 = time.perf_counter()
+        for _ in range(n - 1):
+            self.submit(shared + self.prompt(1), max_tokens)
+        if n > 1:
+            self.step("admit", length, t0)
+        while self.engine.core.scheduler.waiting or self._prefilling():
+            self.step()
+
+    def _prefilling(self) -> bool:
+        return any(r.num_computed_tokens < r.num_prompt_tokens
+                   for r in self.engine.core.scheduler.running)
 
     def prefill(self, q: int, c: int) -> None:
         """One chunk of q new tokens after c cached ones (the c through a prefix hit)."""
@@ -188,33 +207,33 @@ class Profiler:
     def mixed(self, batch: int, context: int, q: int) -> None:
         """`batch` requests decoding (contexts up to `context`) with a fresh chunk of q tokens
         admitted beside them."""
-        for _ in range(batch):
-            self.submit(self.prompt(context - 4), 4)
-        while self.engine.core.scheduler.waiting or not self.samples or \
-                self.samples[-1].shape.num_prefill_reqs:
-            self.step()  # their prefill, then one decode
+        self.batch(batch, context - 4, 4)
         t0 = time.perf_counter()
         self.submit(self.prompt(q), 1)
         self.step("mixed", context, t0)
         self.drain()
 
-    def sweep(self, plan: SweepPlan) -> None:
-        """Every designed batch of the plan, in one order."""
+    def sweep(self, plan: SweepPlan, phase: str | None = None) -> None:
+        """The designed batches of the plan (of one phase: decode, prefill, admit, mixed)."""
         fits = [(b, c) for c in plan.contexts for b in plan.batches
                 if b * c <= plan.max_kv_tokens]
-        for batch, context in fits:
-            self.decode(batch, context, plan.decode_steps)
-        for _ in range(plan.repeats):
-            for key in plan.keys:
-                for q in plan.chunks:
-                    if q <= key:
-                        self.prefill(q, key - q)
-            for n in plan.admits:
-                self.admit(n, plan.chunks[0])
+        if phase in (None, "decode"):
             for batch, context in fits:
-                if batch in plan.batches[2::2] and context in plan.contexts[1:]:
-                    for q in plan.chunks[:2]:
-                        self.mixed(batch, context, q)
+                self.decode(batch, context, plan.decode_steps)
+        for _ in range(plan.repeats):
+            if phase in (None, "prefill"):
+                for key in plan.keys:
+                    for q in plan.chunks:
+                        if q <= key:
+                            self.prefill(q, key - q)
+            if phase in (None, "admit"):
+                for n in plan.admits:
+                    self.admit(n, plan.chunks[0])
+            if phase in (None, "mixed"):
+                for batch, context in fits:
+                    if batch in plan.batches[2::2] and context in plan.contexts[1:]:
+                        for q in plan.chunks[:2]:
+                            self.mixed(batch, context, q)
         tag_decodes(self.samples)
 
 
@@ -296,20 +315,34 @@ def build_operators(samples: list[Sample], padded: bool, block_size: int) -> dic
             "decode": surface(decode), "prefill": surface(prefill)}
 
 
-def fit_cpu(samples: list[Sample], ops: Operators) -> tuple[list[float], dict[str, float]]:
-    """The cpu term: non-negative least squares of each step's loop less its model, attention,
-    logits and sampling time, on CPU_FEATURES (each row weighted by 1 / its loop time, so the
-    many short steps count as much as the few long ones)."""
-    x = np.array([[1.0, s.shape.num_reqs, s.shape.num_new_reqs, s.shape.num_tokens]
-                  for s in samples])
-    y = np.array([s.loop - s.forward - s.logits - s.sampling for s in samples])
+def cpu_seconds(s: Sample) -> float:
+    """What a step's loop spent outside the model's forward, the LM head and the sampler."""
+    return s.loop - s.forward - s.logits - s.sampling
+
+
+def fit_cpu(samples: list[Sample]) -> dict[str, Any]:
+    """The cpu term: a curve over requests of steady decode steps (none admitted or finishing),
+    and non-negative least squares of what it leaves of every step's overhead on CPU_FEATURES
+    (each row weighted by 1 / its loop time, so the many short steps count as much as the few
+    long ones)."""
+    steady: dict[float, list[float]] = defaultdict(list)
+    for s in samples:
+        if s.tag == "decode" and not s.shape.num_finished_reqs and not s.shape.num_new_reqs:
+            steady[s.shape.num_reqs].append(cpu_seconds(s))
+    decode = curve(steady)
+    base = Curve.of(decode)
+    x = np.array([[s.shape.num_new_reqs, s.shape.num_finished_reqs, s.shape.num_prefill_tokens,
+                   float(s.shape.num_prefill_reqs > 0)] for s in samples], dtype=float)
+    y = np.array([cpu_seconds(s) - base.at(s.shape.num_reqs) for s in samples])
     w = 1.0 / np.array([max(s.loop, 1e-6) for s in samples])
     xw, yw = x * w[:, None], y * w
     scale = np.linalg.norm(xw, axis=0)
     scale[scale == 0] = 1.0
     coef = nnls(xw / scale, yw) / scale
     resid = y - x @ coef
-    return [float(c) for c in coef], {"median_abs_s": float(np.median(np.abs(resid)))}
+    return {"decode": decode, "features": list(CPU_FEATURES),
+            "coefficients": [float(c) for c in coef],
+            "fit": {"median_abs_s": float(np.median(np.abs(resid)))}}
 
 
 def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
@@ -438,13 +471,20 @@ def build_profile(samples: list[Sample], padded: bool, meta: dict[str, Any]) -> 
     """The profile JSON of a sweep's samples (meta: model, device, config, machine, ...)."""
     block_size = int(meta["config"]["block_size"])
     tables = build_operators(samples, padded, block_size)
-    tables["cpu"] = {"features": list(CPU_FEATURES), "coefficients": [0.0] * len(CPU_FEATURES)}
+    tables["cpu"] = fit_cpu(samples)
     profile = {"kind": PROFILE_KIND, **meta, "attention_padded": padded, "operators": tables}
-    coef, cpu_fit = fit_cpu(samples, Operators.of({**profile, "step_ratio_quantiles": [1, 1]}))
-    tables["cpu"] = {"features": list(CPU_FEATURES), "coefficients": coef, "fit": cpu_fit}
     ops = Operators.of(profile)
     profile["step_ratio_quantiles"], profile["fit"] = ratio_quantiles(samples, ops)
+    profile["samples"] = [sample_record(s) for s in samples]  # to refit or study offline
     return profile
+
+
+def sample_record(s: Sample) -> dict[str, Any]:
+    """A sample as JSON: its shape's fields, its tag and its timings."""
+    shape = {k: (list(map(list, v)) if k == "prefill_chunks" else v)
+             for k, v in vars(s.shape).items()}
+    return {"tag": s.tag, "shape": shape, "loop": s.loop, "forward": s.forward,
+            "attention": s.attention, "logits": s.logits, "sampling": s.sampling}
 
 
 def run_profile(overrides: list[str], max_batch: int = 32, max_context: int = 512,
@@ -460,12 +500,18 @@ def run_profile(overrides: list[str], max_batch: int = 32, max_context: int = 51
     plan = plan_sweep(engine, max_batch, max_context, repeats, max_kv_gb)
     profiler = Profiler(engine, random.Random(seed))
     try:
+        from lab.engine.warmup import warm_up
+
+        warm_up(engine)  # the engine's own warm-up, then the sweep's shapes once
         warm = SweepPlan(plan.batches[:2], plan.contexts[:1], plan.chunks[:2], plan.contexts[:1],
                          plan.admits[:1], 1, 2, plan.max_kv_tokens)
         profiler.sweep(warm)  # first calls: allocations, oneDNN primitives, lazy builds
         profiler.samples.clear()
-        engine.core.reset_prefix_cache()
-        profiler.sweep(plan)
+        engine.core.reset_for_run()  # as replay leaves a warmed engine (heap frozen, cache empty)
+        for phase in ("decode", "prefill", "admit", "mixed"):
+            profiler.sweep(plan, phase)
+            log(f"  {phase}: {len(profiler.samples)} steps so far, "
+                f"{time.perf_counter() - t0:.0f} s")
     finally:
         profiler.close()
     samples = profiler.samples
@@ -500,7 +546,10 @@ def summary_lines(profile: dict[str, Any]) -> list[str]:
     return [f"{profile['model']} ({profile['attention']}, {profile['config']['dtype']}) on "
             f"{profile['machine']['cpu']} x{profile['machine']['cpus']}, commit "
             f"{profile['commit']}",
-            "cpu term: " + "  ".join(f"{k} {v * 1e3:.3f} ms" for k, v in cpu.items()),
+            "cpu term: steady decode " + " ".join(
+                f"{x:g}:{1e3 * y:.3f}" for x, y in zip(profile["operators"]["cpu"]["decode"]["x"],
+                                                         profile["operators"]["cpu"]["decode"]["median"]))
+            + " ms; " + "  ".join(f"{k} {v * 1e3:.4f} ms" for k, v in cpu.items()),
             f"{fit['num_steps']} steps: |measured / predicted - 1| median "
             f"{100 * fit['median_abs_error']:.1f} %, p90 {100 * fit['p90_abs_error']:.1f} %"]
 

@@ -166,7 +166,8 @@ def step_shape(record: dict[str, Any]) -> StepShape:
         record.get("swap_in_blocks", 0), record.get("swap_out_blocks", 0),
         tuple(tuple(c) for c in record.get("prefill_chunks", ())),
         record.get("max_query_len", 0), record.get("max_context_len", 0),
-        record.get("num_sampled_reqs", 0), record.get("num_new_reqs", 0))
+        record.get("num_sampled_reqs", 0), record.get("num_new_reqs", 0),
+        record.get("num_finished", 0))
 
 
 def step_seconds(record: dict[str, Any], previous: dict[str, Any] | None = None) -> float:

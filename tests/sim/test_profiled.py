@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -43,12 +44,17 @@ def test_isotonic_pools_violators_by_weight():
     assert prof.isotonic([1.0, 5.0, 2.0], [1, 1, 3]) == [1.0, 2.75, 2.75]
 
 
-def ops_of(padded: bool, cpu=(1e-3, 0.0, 0.0, 0.0), block_size: int = 16) -> Operators:
-    line = Curve((0.0, 1000.0), (0.0, 1.0))  # 1 ms per unit
+def ops_of(padded: bool, cpu=(0.0, 0.0, 0.0, 0.0), cpu_decode=(1e-3, 0.0),
+           block_size: int = 16) -> Operators:
+    """Operators of 1 ms per unit of x (2 ms at key 1024), a CPU term of
+    cpu_decode[0] + cpu_decode[1] per request and the `cpu` extras."""
+    line = Curve((0.0, 1000.0), (0.0, 1.0))
+    a, b = cpu_decode
     return Operators(model=line, logits=line, sampling=line,
                      decode=Surface((16.0, 1024.0), (line, Curve((0.0, 1000.0), (0.0, 2.0)))),
                      prefill=Surface((16.0, 1024.0), (line, Curve((0.0, 1000.0), (0.0, 2.0)))),
-                     cpu=cpu, padded=padded, block_size=block_size)
+                     cpu_decode=Curve((0.0, 1000.0), (a, a + 1000 * b)), cpu=cpu,
+                     padded=padded, block_size=block_size)
 
 
 def test_padded_attention_pays_for_the_padded_geometry():
@@ -68,12 +74,12 @@ def test_padded_attention_pays_for_the_padded_geometry():
 
 
 def test_a_step_is_the_sum_of_its_operators():
-    ops = ops_of(True, cpu=(1e-3, 1e-4, 1e-3, 1e-6))
-    shape = StepShape.of([(1, 9, 10), (20, 0, 20)], num_new=1)
+    ops = ops_of(True, cpu=(1e-3, 5e-4, 1e-6, 2e-4), cpu_decode=(1e-3, 1e-4))
+    shape = replace(StepShape.of([(1, 9, 10), (20, 0, 20)], num_new=1), num_finished_reqs=1)
     parts = ops.parts(shape)
     assert parts["model"] == pytest.approx(21e-3)
     assert parts["logits"] == parts["sampling"] == pytest.approx(2e-3)
-    assert parts["cpu"] == pytest.approx(1e-3 + 2e-4 + 1e-3 + 21e-6)
+    assert parts["cpu"] == pytest.approx(1e-3 + 2e-4 + 1e-3 + 5e-4 + 20e-6 + 2e-4)
     assert ops.predict(shape) == pytest.approx(sum(parts.values()))
     assert ops.predict(StepShape()) == pytest.approx(1e-3)  # an empty step: the cpu constant
 
@@ -81,18 +87,19 @@ def test_a_step_is_the_sum_of_its_operators():
 def synthetic_samples(padded: bool, noise: float = 0.0, seed: int = 0) -> list[prof.Sample]:
     """Samples of a made-up machine: model 2 us/token + 0.1 ms, attention 1 ns per query-key
     pair + 50 us, logits and sampling 10 us per sampled request, cpu 0.5 ms + 20 us per request
-    + 100 us per new request + 1 us per token."""
+    + 100 us per new request + 50 us per finishing request + 1 us per token."""
     rng = random.Random(seed)
     samples = []
 
-    def add(chunks, tag, num_new=0):
-        shape = StepShape.of(chunks, num_new=num_new)
+    def add(chunks, tag, num_new=0, finished=0):
+        shape = replace(StepShape.of(chunks, num_new=num_new), num_finished_reqs=finished)
         pairs = (shape.num_reqs * shape.max_query_len * prof.round_up(shape.max_context_len, 16)
                  if padded else shape.prefill_attention_pairs + shape.decode_context_tokens)
         parts = {"model": 1e-4 + 2e-6 * shape.num_tokens, "attention": 5e-5 + 1e-9 * pairs,
                  "logits": 1e-5 * shape.num_sampled_reqs,
                  "sampling": 1e-5 * shape.num_sampled_reqs,
-                 "cpu": 5e-4 + 2e-5 * shape.num_reqs + 1e-4 * num_new + 1e-6 * shape.num_tokens}
+                 "cpu": 5e-4 + 2e-5 * shape.num_reqs + 1e-4 * num_new + 5e-5 * finished
+                 + 1e-6 * shape.num_tokens}
         f = 1 + noise * rng.uniform(-1, 1)
         samples.append(prof.Sample(shape, tag, 0.0, f * sum(parts.values()),
                                    f * (parts["model"] + parts["attention"]),
@@ -103,7 +110,8 @@ def synthetic_samples(padded: bool, noise: float = 0.0, seed: int = 0) -> list[p
         for context in (32, 128, 512):
             for batch in (1, 2, 4, 8):
                 for t in range(4):
-                    add([(1, context - 4 + t, context - 3 + t)] * batch, "decode")
+                    add([(1, context - 4 + t, context - 3 + t)] * batch, "decode",
+                        finished=batch if t == 3 else 0)
             for q in (32, 128):
                 if q <= context:
                     add([(q, context - q, context)], "prefill", num_new=1)
@@ -120,8 +128,10 @@ def test_a_profile_recovers_the_costs_that_made_its_samples(padded):
     profile = prof.build_profile(samples, padded, meta)
     cpu = dict(zip(profile["operators"]["cpu"]["features"],
                    profile["operators"]["cpu"]["coefficients"]))
-    assert cpu["const"] == pytest.approx(5e-4, rel=0.05)
+    steady = Curve.of(profile["operators"]["cpu"]["decode"])
+    assert steady.at(4) == pytest.approx(5e-4 + 4 * 2.1e-5, rel=0.01)
     assert cpu["new_requests"] == pytest.approx(1e-4, rel=0.05)
+    assert cpu["finished_requests"] == pytest.approx(5e-5, rel=0.05)
     assert profile["fit"]["median_abs_error"] < 0.01
     ops = Operators.of(profile)
     for s in samples:  # every measured step, predicted within 5 %
@@ -215,7 +225,7 @@ def test_a_real_sweep_profiles_tiny_llama_and_simulates_a_run(tmp_path):
 
 
 def test_at_tensor_parallel_n_the_split_operators_take_one_nth():
-    ops = ops_of(True, cpu=(1e-3, 0.0, 0.0, 0.0))
+    ops = ops_of(True)
     shape = StepShape.of([(1, 99, 100)] * 4)
     parts = ops.parts(shape)
     split = parts["model"] + parts["attention"] + parts["logits"]

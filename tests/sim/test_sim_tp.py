@@ -140,8 +140,8 @@ def _recorded(engine) -> list[tuple[StepShape, float]]:
     ex, steps = engine.executor, []
     real = ex.step_seconds
 
-    def record(sched):
-        steps.append((sched.shape, real(sched)))
+    def record(sched, finishing=0):
+        steps.append((sched.shape, real(sched, finishing)))
         return steps[-1][1]
 
     ex.step_seconds = record

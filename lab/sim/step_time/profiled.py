@@ -16,13 +16,17 @@ A step of shape s (lab.core.step.StepShape) takes
             each less the fixed cost of a call (the cheapest decode measured) but one
   + logits(sampled) + sampling(sampled)   LM head and sampler over the requests that sample
   + cpu                               everything else of the engine's loop: scheduling, input
-                                      preparation, output processing, statistics, the replay;
-                                      a + b requests + c new requests + d tokens
+                                      preparation, output processing, statistics, the replay:
+                                      decode(requests) of a steady decode step, + a per new
+                                      request + b per finishing request + c per prefill token
+                                      + d for a step with any prefill
 
-`model`, `logits` and `sampling` are curves over one count, `decode` and `prefill` surfaces over
-(x, keys): a curve per measured key length, interpolated between them; everything piecewise
-linear, extrapolated linearly past the sweep. `cpu` is a non-negative least-squares fit (its
-terms vary independently in the sweep). Each point keeps the median and p10/p90 of its samples.
+`model`, `logits`, `sampling` and the cpu term's steady decode part are curves over one count,
+`decode` and `prefill` surfaces over (x, keys): a curve per measured key length, interpolated
+between them; everything piecewise linear, extrapolated linearly past the sweep. The cpu term's
+extras are a non-negative least-squares fit to what the decode curve leaves of every step's
+overhead (the sweep varies them independently). Each point keeps the median and p10/p90 of its
+samples.
 
 Variance (`variance`): `median` predicts the median step; `sample` multiplies it by a ratio drawn
 (seeded) from the profile's distribution of measured / predicted step times over the sweep's
@@ -55,7 +59,7 @@ log = logging.getLogger(__name__)
 PROFILE_KIND = "lab.sim.step_time.profiled/operators-1"
 VARIANCE_MODES = ("median", "sample")
 #: the cpu term's features, in the order of the profile's coefficients
-CPU_FEATURES = ("const", "requests", "new_requests", "tokens")
+CPU_FEATURES = ("new_requests", "finished_requests", "prefill_tokens", "prefill_step")
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,7 @@ class Operators:
     sampling: Curve
     decode: Surface
     prefill: Surface
+    cpu_decode: Curve  # the engine's CPU time of a steady decode step, by requests
     cpu: tuple[float, ...]  # CPU_FEATURES coefficients
     padded: bool
     block_size: int
@@ -136,7 +141,8 @@ class Operators:
         ops = profile["operators"]
         decode = Surface.of(ops["decode"])
         return cls(Curve.of(ops["model"]), Curve.of(ops["logits"]), Curve.of(ops["sampling"]),
-                   decode, Surface.of(ops["prefill"]), tuple(ops["cpu"]["coefficients"]),
+                   decode, Surface.of(ops["prefill"]), Curve.of(ops["cpu"]["decode"]),
+                   tuple(ops["cpu"]["coefficients"]),
                    bool(profile["attention_padded"]), int(profile["config"]["block_size"]),
                    min(c.ys[0] for c in decode.curves))
 
@@ -164,8 +170,10 @@ class Operators:
         return self.call + sum(max(p - self.call, 0.0) for p in parts)
 
     def cpu_seconds(self, s: StepShape) -> float:
-        a, per_req, per_new, per_token = self.cpu
-        return a + per_req * s.num_reqs + per_new * s.num_new_reqs + per_token * s.num_tokens
+        per_new, per_finished, per_token, per_prefill = self.cpu
+        return (self.cpu_decode.at(s.num_reqs) + per_new * s.num_new_reqs
+                + per_finished * s.num_finished_reqs + per_token * s.num_prefill_tokens
+                + per_prefill * (s.num_prefill_reqs > 0))
 
     def predict(self, s: StepShape, tensor_parallel_size: int = 1) -> float:
         parts = self.parts(s)
