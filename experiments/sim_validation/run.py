@@ -1,169 +1,148 @@
-"""How close is the simulator to the real engine on this CPU? One command:
+"""How close is the simulator to the real engine on this CPU? Held-out scenarios on two models,
+each validated by `python -m lab.sim.validate` (lab/sim/validate.py):
 
-    python experiments/sim_validation/run.py              # full: tiny_llama + bench_qwen3_06b
-    python experiments/sim_validation/run.py --smoke      # minutes: tiny_llama, tiny sizes
+    python experiments/sim_validation/run.py                    # both models, every scenario
+    python experiments/sim_validation/run.py --models tiny_llama --scenarios light overloaded
+    python experiments/sim_validation/run.py --smoke            # tiny_llama, 2 scenarios, 1 repeat
 
-1. Profile: per model, a few real runs (executor=uniproc, attention=torch, device=cpu) of
-   different shapes (decode-heavy, prefill-heavy, mixed Poisson), then
-   `python -m lab.sim.profile` fits sim/step_time=profiled to their steps.
-2. Held out: workloads the profile never saw (other rates, lengths, prefix sharing, policies,
-   cache sizes), each run for real and simulated (executor=sim sim/step_time=profiled
-   sim.device=cpu, the same num_gpu_blocks).
-3. Table: output tok/s, TTFT p50/p99, TPOT p50/p99, real vs sim and the error in %
-   (results/table.md, results/table.csv).
+Per model, one operator profile of this machine (`python -m lab.sim.profile`: a microbenchmark
+sweep, no workload of the table fitted), then per scenario --repeats real runs and
+--sim-seeds simulated ones (`executor=sim sim/step_time=profiled sim.device=cpu`, variance
+sample, the real runs' cache size). Every scenario is held out: the profile never saw a run.
 
-Timings on a shared machine are noisy: run the full version on a quiet one. Every run directory
-(steps.jsonl, requests.jsonl, summary.json, config.yaml) stays under results/runs/.
+results/table.md and table.csv: per (model, scenario, metric) the real median, the real runs'
+spread, the simulated value and the error; results/summary.md the headline per model and
+overall. Run directories and the profiles stay under results/runs/ (not committed).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
-import subprocess
+import statistics
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # run from a checkout without installing: lab of this repo
+
+from lab.sim.validate import Row, headline, validate  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
-METRICS = ("output_throughput", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")
-REAL = ["executor=uniproc", "attention=torch", "device=cpu"]
-
-# (name, overrides): shapes the fit needs — long decodes, long prefills, a mix under load
-PROFILE = [
-    ("decode_heavy", ["workload.prompt_len={dist: uniform, min: 8, max: 32}",
-                      "workload.output_len={dist: uniform, min: 48, max: 96}",
-                      "workload.num_prefix_groups=0"]),
-    ("prefill_heavy", ["workload.prompt_len={dist: uniform, min: 128, max: 400}",
-                       "workload.output_len={dist: uniform, min: 2, max: 8}",
-                       "workload.num_prefix_groups=0", "max_num_batched_tokens=512"]),
-    # many short prompts admitted together: separates the per-request cost of a prefill chunk
-    # from its per-token cost (long prefills alone leave the two collinear)
-    ("short_prefills", ["workload.prompt_len={dist: uniform, min: 8, max: 48}",
-                        "workload.output_len={dist: uniform, min: 4, max: 16}",
-                        "workload.num_prefix_groups=0"]),
-    ("mixed_poisson", ["workload.arrival=poisson", "workload.rate=12",
-                       "workload.prompt_len={dist: uniform, min: 16, max: 200}",
-                       "workload.output_len={dist: uniform, min: 8, max: 64}",
-                       "workload.num_prefix_groups=0"]),
-]
-# (name, overrides): held-out scenarios, each run real and simulated with the same cache
-HELD_OUT = [
-    ("poisson_r4", ["workload=poisson", "workload.rate=4"]),
-    ("poisson_r16_long", ["workload=poisson", "workload.rate=16",
-                          "workload.prompt_len={dist: uniform, min: 64, max: 256}"]),
-    ("shared_prefix", ["workload=shared_prefix"]),
-    ("priority_swap_small_cache", ["scheduler=priority", "preemption=swap",
-                                   "num_gpu_blocks=48"]),
-    ("sjf_bursty", ["scheduler=sjf", "workload=poisson", "workload.arrival=gamma",
-                    "workload.rate=10", "workload.burstiness=0.3"]),
-    ("fair_recompute_tight", ["scheduler=fair", "workload.num_clients=3", "num_gpu_blocks=40",
-                              "max_num_batched_tokens=256"]),
-]
-# per model: requests per run (real runs ~10-40 s each on a quiet 2-core CPU) and a cache size
-MODELS = {"tiny_llama": {"requests": 64, "blocks": 256},
-          "bench_qwen3_06b": {"requests": 16, "blocks": 256}}
-SMOKE = {"tiny_llama": {"requests": 8, "blocks": 64}}
+COMMON = ["cpu_threads=1"]
+POISSON = ["workload=poisson", "workload.num_prefix_groups=0"]
 
 
-def run(run_dir: Path, overrides: list[str], reuse: bool = False) -> dict:
-    """`python run.py` into run_dir; its summary.json (`reuse`: an existing finished run's)."""
-    summary = run_dir / "summary.json"
-    if reuse and summary.is_file() and json.loads(summary.read_text()).get("status") == "finished":
-        print(f"  (reusing {run_dir})", flush=True)
-        return json.loads(summary.read_text())
-    cmd = [sys.executable, "run.py", *overrides, "logger=[jsonl]", f"hydra.run.dir={run_dir}"]
-    print("  $", " ".join(cmd[1:]), flush=True)
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"run failed ({run_dir}):\n{proc.stderr[-3000:]}")
-    return json.loads((run_dir / "summary.json").read_text())
+def uniform(name: str, lo: int, hi: int) -> str:
+    return f"workload.{name}={{dist: uniform, min: {lo}, max: {hi}}}"
 
 
-def has_override(overrides: list[str], key: str) -> bool:
-    return any(o.startswith(f"{key}=") for o in overrides)
+# per model: scenario -> overrides (rates scaled to the model's capacity on a 2-core CPU:
+# tiny_llama ~4000 output tok/s, bench_qwen3_06b ~1 request/s)
+SCENARIOS: dict[str, dict[str, list[str]]] = {
+    "tiny_llama": {
+        "light": [*POISSON, "workload.rate=10", "workload.num_requests=150"],
+        "medium": [*POISSON, "workload.rate=40", "workload.num_requests=300"],
+        "overloaded": [*POISSON, "workload.rate=400", "workload.num_requests=400"],
+        "long_prompts": [*POISSON, "workload.rate=15", "workload.num_requests=150",
+                         uniform("prompt_len", 256, 512)],
+        "short_prompts_long_outputs": [*POISSON, "workload.rate=20", "workload.num_requests=150",
+                                       uniform("prompt_len", 8, 32),
+                                       uniform("output_len", 64, 128)],
+        "preemption_small_cache": [*POISSON, "workload.rate=40", "workload.num_requests=300",
+                                   "num_gpu_blocks=48"],
+        "priority_swap": [*POISSON, "workload.rate=40", "workload.num_requests=300",
+                          "workload.num_priorities=3", "scheduler=priority", "preemption=swap",
+                          "num_gpu_blocks=64"],
+        "trace": ["workload=trace"],
+    },
+    "bench_qwen3_06b": {
+        "light": [*POISSON, "workload.rate=0.3", "workload.num_requests=12"],
+        "medium": [*POISSON, "workload.rate=0.8", "workload.num_requests=16"],
+        "overloaded": [*POISSON, "workload.rate=4", "workload.num_requests=16"],
+        "long_prompts": [*POISSON, "workload.rate=0.3", "workload.num_requests=12",
+                         uniform("prompt_len", 256, 512)],
+        "short_prompts_long_outputs": [*POISSON, "workload.rate=0.5", "workload.num_requests=12",
+                                       uniform("prompt_len", 8, 32),
+                                       uniform("output_len", 64, 128)],
+        "preemption_small_cache": [*POISSON, "workload.rate=1", "workload.num_requests=16",
+                                   "num_gpu_blocks=24"],
+    },
+}
 
 
-def profile_model(model: str, size: dict, out: Path, reuse: bool = False) -> Path:
-    """Real profiling runs of `model`, then the fitted profile's path."""
-    dirs = []
-    for name, overrides in PROFILE:
-        run_dir = out / "runs" / model / f"profile_{name}"
-        run(run_dir, [f"model={model}", *REAL, *overrides,
-                      f"workload.num_requests={size['requests']}",
-                      f"num_gpu_blocks={size['blocks']}"], reuse)
-        dirs.append(run_dir)
-    path = out / f"profile_{model}.json"
-    # the profile records its runs' directories: relative to the repository, as committed
-    runs = [os.path.relpath(d, REPO) for d in dirs]
-    subprocess.run([sys.executable, "-m", "lab.sim.profile", *runs, "-o", str(path)],
-                   cwd=REPO, check=True)
-    return path
+def run_all(models: list[str], scenarios: list[str] | None, out: Path, repeats: int,
+            sim_seeds: int) -> list[tuple[str, str, list[Row]]]:
+    results = []
+    for model in models:
+        for name, overrides in SCENARIOS[model].items():
+            if scenarios and name not in scenarios:
+                continue
+            print(f"== {model} / {name}", flush=True)
+            rows, _ = validate([f"model={model}", *COMMON, *overrides],
+                               out / "runs" / model / name, repeats, sim_seeds,
+                               cache_dir=out / "runs" / "profiles")
+            results.append((model, name, rows))
+            x, y = headline(rows)
+            print(f"   median |error| {x:.1f} % (throughput + p50s), p99 |error| {y:.1f} %",
+                  flush=True)
+    return results
 
 
-def held_out(model: str, size: dict, profile: Path, out: Path, reuse: bool = False) -> list[dict]:
-    """Each held-out scenario real and simulated: one row per (scenario, metric)."""
-    rows = []
-    for name, overrides in HELD_OUT:
-        common = [f"model={model}", *overrides, f"workload.num_requests={size['requests']}"]
-        if not has_override(overrides, "num_gpu_blocks"):
-            common.append(f"num_gpu_blocks={size['blocks']}")
-        real = run(out / "runs" / model / f"real_{name}", [*common, *REAL], reuse)
-        sim = run(out / "runs" / model / f"sim_{name}",
-                  [*common, "executor=sim", "sim/step_time=profiled",
-                   f"sim.step_time.path={profile}", "sim.device=cpu"])
-        for metric in METRICS:
-            r, s = real.get(metric), sim.get(metric)
-            err = 100.0 * (s - r) / r if r and s is not None else None
-            rows.append({"model": model, "scenario": name, "metric": metric,
-                         "real": r, "sim": s, "error_pct": err})
-    return rows
-
-
-def write_table(rows: list[dict], out: Path) -> None:
+def write_tables(results: list[tuple[str, str, list[Row]]], out: Path) -> list[str]:
+    """table.csv / table.md (every cell) and the summary lines (per model and overall)."""
     with open(out / "table.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    lines = ["| model | scenario | metric | real | sim | error % |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['model']} | {r['scenario']} | {r['metric']} | {_fmt(r['real'])} | "
-                     f"{_fmt(r['sim'])} | {_fmt(r['error_pct'], '.1f')} |")
-    errs = [abs(r["error_pct"]) for r in rows if r["error_pct"] is not None]
-    if errs:
-        lines.append(f"\nmean |error| {sum(errs) / len(errs):.1f}% over {len(errs)} cells")
+        w = csv.writer(f)
+        w.writerow(["model", "scenario", "metric", "real_median", "real_min", "real_max",
+                    "real_spread_pct", "sim", "error_pct", "inside_noise"])
+        for model, name, rows in results:
+            for r in rows:
+                w.writerow([model, name, r.label, r.real_median, min(r.real), max(r.real),
+                            r.spread, r.sim_median, r.error, r.inside_noise])
+    lines = ["| model | scenario | metric | real | real spread | sim | error | |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
+    for model, name, rows in results:
+        for r in rows:
+            spread = "-" if r.spread is None else f"{r.spread:.1f} %"
+            error = "n/a" if r.error is None else f"{r.error:+.1f} %"
+            lines.append(f"| {model} | {name} | {r.label} | {r.real_median:.4g} | {spread} | "
+                         f"{r.sim_median:.4g} | {error} | "
+                         f"{'inside noise' if r.inside_noise else ''} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
-
-def _fmt(v, spec: str = ".4g") -> str:
-    return "-" if v is None else format(v, spec)
+    summary = ["| model | scenario | median \\|error\\| (throughput + p50s) | p99 \\|error\\| | "
+               "real spread (median over metrics) |", "|---|---|---:|---:|---:|"]
+    for model, name, rows in results:
+        x, y = headline(rows)
+        spread = statistics.median(r.spread for r in rows if r.spread is not None)
+        summary.append(f"| {model} | {name} | {x:.1f} % | {y:.1f} % | {spread:.1f} % |")
+    for model in dict.fromkeys(m for m, _, _ in results):
+        mine = [r for m, _, rows in results if m == model for r in rows]
+        x, y = headline(mine)
+        summary.append(f"| {model} | all | {x:.1f} % | {y:.1f} % | |")
+    x, y = headline([r for _, _, rows in results for r in rows])
+    summary += ["", f"median |error| {x:.1f} % (throughput + p50s), p99 |error| {y:.1f} %"]
+    (out / "summary.md").write_text("\n".join(summary) + "\n")
+    return summary
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, default=HERE / "results")
-    p.add_argument("--smoke", action="store_true", help="tiny_llama, 8 requests, 2 scenarios")
-    p.add_argument("--models", nargs="*", help="default: tiny_llama bench_qwen3_06b")
-    p.add_argument("--reuse-real", action="store_true",
-                   help="keep finished real runs (profiling and held-out) in --out; refit the "
-                        "profiles and rerun only the simulations")
+    p.add_argument("--models", nargs="*", default=list(SCENARIOS), choices=list(SCENARIOS))
+    p.add_argument("--scenarios", nargs="*", help="default: every scenario of each model")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--sim-seeds", type=int, default=3)
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny_llama, light and overloaded, 1 real run and 1 seed (minutes)")
     args = p.parse_args()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the other CPU studies: less noise
-    sizes = SMOKE if args.smoke else MODELS
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as cpu_threads=1: less noise
     if args.smoke:
-        del HELD_OUT[2:]
+        args.models, args.scenarios, args.repeats, args.sim_seeds = (
+            ["tiny_llama"], ["light", "overloaded"], 1, 1)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for model in args.models or list(sizes):
-        size = sizes.get(model, MODELS.get(model, {"requests": 16, "blocks": 256}))
-        print(f"== {model}: profiling", flush=True)
-        profile = profile_model(model, size, args.out, args.reuse_real)
-        print(f"== {model}: held-out workloads, real and simulated", flush=True)
-        rows += held_out(model, size, profile, args.out, args.reuse_real)
-    write_table(rows, args.out)
+    results = run_all(args.models, args.scenarios, args.out, args.repeats, args.sim_seeds)
+    print("\n".join(write_tables(results, args.out)))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -76,6 +77,7 @@ class SweepPlan:
     chunks: list[int]
     keys: list[int]
     admits: list[int]
+    mixed_batches: list[int]
     repeats: int
     decode_steps: int
     max_kv_tokens: int  # a batch whose cache would pass this is left to extrapolation
@@ -89,6 +91,7 @@ class Profiler:
     rng: random.Random
     samples: list[Sample] = field(default_factory=list)
     _counter: int = 0
+    _live: set[str] = field(default_factory=set)  # submitted ids (finished ones too)
 
     def __post_init__(self) -> None:
         from lab.metrics.timers import Timers
@@ -118,6 +121,7 @@ class Profiler:
 
         scheduler.schedule = schedule
         self.padded = bool(getattr(runner.attn_backend, "padded_batches", False))
+        self.block_size = engine.cfg.block_size
         from lab.engine.warmup import ordinary_token_ids
 
         self._tokens = [int(t) for t in ordinary_token_ids(engine)]
@@ -134,6 +138,7 @@ class Profiler:
 
         self._counter += 1
         rid = f"profile-{self._counter}"
+        self._live.add(rid)
         self.engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True,
                                                        temperature=0.0), request_id=rid)
         return rid
@@ -157,12 +162,19 @@ class Profiler:
         while self.engine.has_unfinished_requests():
             self.step(tag, key)
 
+    def abort_all(self) -> None:
+        """End every request now (after a designed step, its decodes teach nothing new)."""
+        self.engine.abort_request(list(self._live))
+        self._live.clear()
+        self.engine.take_pending()
+
     # -- the designed batches --------------------------------------------------------------
     def decode(self, batch: int, context: int, steps: int) -> None:
         """`batch` requests whose contexts reach `context` over `steps` decode steps (prompts
         of context - steps tokens), then the decodes."""
         self.batch(batch, context - steps, steps + 1)
         self.drain()
+        self._live.clear()
 
     def batch(self, n: int, length: int, max_tokens: int) -> None:
         """n requests of `length` prompt tokens that share all but their last block: the first
@@ -185,33 +197,40 @@ class Profiler:
         return any(r.num_computed_tokens < r.num_prompt_tokens
                    for r in self.engine.core.scheduler.running)
 
-    def prefill(self, q: int, c: int) -> None:
+    def jittered(self, n: int, jitter: bool) -> int:
+        """n, or (jitter) n less up to a block's worth less one: a run's token counts are rarely
+        multiples of 16, and a GEMM of 124 rows can take longer than one of 128 (measured: 20 %
+        for bench_qwen3_06b on this CPU), so repeats past the first sample unaligned counts."""
+        return n - self.rng.randrange(min(self.block_size, n)) if jitter else n
+
+    def prefill(self, q: int, c: int, jitter: bool = False) -> None:
         """One chunk of q new tokens after c cached ones (the c through a prefix hit)."""
         prefix = self.prompt(c)
         if c:
             self.submit(prefix, 1)
             self.drain()
         t0 = time.perf_counter()
-        self.submit(prefix + self.prompt(q), 1)
+        self.submit(prefix + self.prompt(self.jittered(q, jitter)), 1)
         self.step("prefill", c + q, t0)
-        self.drain()
+        self.abort_all()
 
-    def admit(self, n: int, q: int) -> None:
+    def admit(self, n: int, q: int, jitter: bool = False) -> None:
         """n prompts of q tokens arriving together, then a few decode steps."""
         t0 = time.perf_counter()
         for _ in range(n):
-            self.submit(self.prompt(q), 4)
+            self.submit(self.prompt(self.jittered(q, jitter)), 4)
         self.step("admit", q, t0)
-        self.drain()
+        self.step()  # the first decode of a fresh batch
+        self.abort_all()
 
-    def mixed(self, batch: int, context: int, q: int) -> None:
+    def mixed(self, batch: int, context: int, q: int, jitter: bool = False) -> None:
         """`batch` requests decoding (contexts up to `context`) with a fresh chunk of q tokens
         admitted beside them."""
         self.batch(batch, context - 4, 4)
         t0 = time.perf_counter()
-        self.submit(self.prompt(q), 1)
+        self.submit(self.prompt(self.jittered(q, jitter)), 1)
         self.step("mixed", context, t0)
-        self.drain()
+        self.abort_all()
 
     def sweep(self, plan: SweepPlan, phase: str | None = None) -> None:
         """The designed batches of the plan (of one phase: decode, prefill, admit, mixed)."""
@@ -220,20 +239,21 @@ class Profiler:
         if phase in (None, "decode"):
             for batch, context in fits:
                 self.decode(batch, context, plan.decode_steps)
-        for _ in range(plan.repeats):
+        for repeat in range(plan.repeats):
+            jitter = repeat > 0
             if phase in (None, "prefill"):
                 for key in plan.keys:
                     for q in plan.chunks:
                         if q <= key:
-                            self.prefill(q, key - q)
+                            self.prefill(q, key - q, jitter)
             if phase in (None, "admit"):
                 for n in plan.admits:
-                    self.admit(n, plan.chunks[0])
+                    self.admit(n, plan.chunks[0], jitter)
             if phase in (None, "mixed"):
                 for batch, context in fits:
-                    if batch in plan.batches[2::2] and context in plan.contexts[1:]:
+                    if batch in plan.mixed_batches and context in plan.contexts[1:]:
                         for q in plan.chunks[:2]:
-                            self.mixed(batch, context, q)
+                            self.mixed(batch, context, q, jitter)
         tag_decodes(self.samples)
 
 
@@ -256,19 +276,25 @@ def decode_key(shape: StepShape, padded: bool, block_size: int) -> float:
     return round_up(context, block_size)
 
 
-def prefill_key(shape: StepShape, padded: bool, block_size: int) -> tuple[float, float]:
-    """(x, key) of a step's prefill attention in the surface: padded (requests x max query,
-    whole blocks of the max context); ragged (one chunk: q, c + q)."""
-    if padded:
-        return shape.num_reqs * shape.max_query_len, round_up(shape.max_context_len, block_size)
+def prefill_key(shape: StepShape, block_size: int) -> tuple[float, float]:
+    """(x, key) of a one-chunk step's prefill attention in a ragged backend's surface: (q, the
+    chunk's keys in whole blocks)."""
     (q, c), = shape.prefill_chunks
     return q, round_up(c + q, block_size)
 
 
-def curve(points: dict[float, list[float]]) -> dict[str, list[float]]:
+def curve(points: dict[float, list[float]], bins_per_octave: int = 0) -> dict[str, list[float]]:
     """{x: samples} -> {x, median, p10, p90, n} lists sorted by x; the medians made
     non-decreasing in x (more work never takes less time: a noisy point is pooled with its
-    neighbours, weighted by its samples), p10/p90 as measured."""
+    neighbours, weighted by its samples), p10/p90 as measured. `bins_per_octave`: the x that
+    fall in one bin of that many per doubling are one point (their samples pooled, at their
+    samples' mean x), for counts the sweep hits only here and there (tokens of a step)."""
+    if bins_per_octave:
+        binned: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        for x, values in points.items():
+            binned[round(bins_per_octave * math.log2(max(x, 1)))] += [(x, v) for v in values]
+        points = {float(np.mean([x for x, _ in pairs])): [v for _, v in pairs]
+                  for pairs in binned.values()}
     xs = sorted(points)
     stat = {name: [float(np.percentile(points[x], p)) for x in xs]
             for name, p in (("median", 50), ("p10", 10), ("p90", 90))}
@@ -298,9 +324,11 @@ def surface(points: dict[tuple[float, float], list[float]]) -> list[dict]:
 
 
 def build_operators(samples: list[Sample], padded: bool, block_size: int) -> dict[str, Any]:
-    """The operator tables of a profile from its samples."""
+    """The operator tables of a profile from its samples. Padded backends: the attention of a
+    step with prefills over (requests x max context: the keys gathered, max query: the rows
+    each attends with), both in whole blocks."""
     model, logits, sampling = defaultdict(list), defaultdict(list), defaultdict(list)
-    decode, prefill = defaultdict(list), defaultdict(list)
+    decode, prefill = defaultdict(list), []
     for s in samples:
         sh = s.shape
         model[sh.num_tokens].append(s.forward - s.attention)
@@ -310,9 +338,22 @@ def build_operators(samples: list[Sample], padded: bool, block_size: int) -> dic
         if s.tag == "decode":
             decode[(sh.num_decode_reqs, decode_key(sh, padded, block_size))].append(s.attention)
         elif s.tag == "prefill" or (padded and s.tag in ("admit", "mixed")):
-            prefill[prefill_key(sh, padded, block_size)].append(s.attention)
-    return {"model": curve(model), "logits": curve(logits), "sampling": curve(sampling),
-            "decode": surface(decode), "prefill": surface(prefill)}
+            prefill.append(s)
+    tables = {"model": curve(model, 4), "logits": curve(logits, 4),
+              "sampling": curve(sampling, 4), "decode": surface(decode)}
+    if not padded:
+        points = defaultdict(list)
+        for s in prefill:
+            points[prefill_key(s.shape, block_size)].append(s.attention)
+        tables["prefill"] = surface(points)
+        return tables
+    points = defaultdict(list)
+    for s in prefill:
+        keys = round_up(s.shape.max_context_len, block_size)
+        points[(s.shape.num_reqs * keys, round_up(s.shape.max_query_len, block_size))].append(
+            s.attention)
+    tables["padded"] = surface(points)
+    return tables
 
 
 def cpu_seconds(s: Sample) -> float:
@@ -377,15 +418,18 @@ def plan_sweep(engine: Any, max_batch: int, max_context: int, repeats: int,
     bs = cfg.block_size
     budget = cfg.max_num_batched_tokens
     max_context = min(max_context, engine.max_model_len - 8)
-    batches = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= min(max_batch,
-                                                                         cfg.max_num_seqs)]
+    # decode batches: powers of two and the halves between (a run's batches are any size)
+    batches = [b for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+               if b <= min(max_batch, cfg.max_num_seqs)]
     contexts = [c for c in (32, 128, 512, 2048, 8192) if c <= max_context and c % bs == 0]
     chunks = [q for q in (32, 128, 512, 2048) if q <= budget and q % bs == 0]
     if not contexts or not chunks:
         raise ValueError(f"block_size={bs}, max_num_batched_tokens={budget} and max_model_len="
                          f"{engine.max_model_len} leave no grid to profile (contexts and chunks "
                          "are multiples of the block size from 32 tokens)")
-    return SweepPlan(batches, contexts, chunks, keys=contexts, admits=batches[1:],
+    return SweepPlan(batches, contexts, chunks, keys=contexts,
+                     admits=[b for b in batches if b in (2, 4, 8, 16)],
+                     mixed_batches=[b for b in batches if b in (4, 16)],
                      repeats=repeats, decode_steps=4,
                      max_kv_tokens=int(max_kv_gb * 2**30 // engine.kv_bytes_per_token))
 
@@ -479,6 +523,17 @@ def build_profile(samples: list[Sample], padded: bool, meta: dict[str, Any]) -> 
     return profile
 
 
+def rebuild(profile: dict[str, Any]) -> dict[str, Any]:
+    """A profile's operators built anew from its stored samples (after a change to how they
+    are built: no engine, no sweep)."""
+    samples = [Sample(StepShape(**{**r["shape"], "prefill_chunks": tuple(
+        map(tuple, r["shape"]["prefill_chunks"]))}), r["tag"], 0.0, r["loop"], r["forward"],
+        r["attention"], r["logits"], r["sampling"]) for r in profile["samples"]]
+    meta = {k: v for k, v in profile.items() if k not in (
+        "kind", "attention_padded", "operators", "step_ratio_quantiles", "fit", "samples")}
+    return build_profile(samples, profile["attention_padded"], meta)
+
+
 def sample_record(s: Sample) -> dict[str, Any]:
     """A sample as JSON: its shape's fields, its tag and its timings."""
     shape = {k: (list(map(list, v)) if k == "prefill_chunks" else v)
@@ -487,7 +542,7 @@ def sample_record(s: Sample) -> dict[str, Any]:
             "attention": s.attention, "logits": s.logits, "sampling": s.sampling}
 
 
-def run_profile(overrides: list[str], max_batch: int = 32, max_context: int = 512,
+def run_profile(overrides: list[str], max_batch: int = 64, max_context: int = 512,
                 repeats: int = 3, max_kv_gb: float = 2.0, seed: int = 0,
                 log=print) -> dict[str, Any]:
     """Compose, warm up, sweep and build the profile of `run.py OVERRIDES` on this machine."""
@@ -504,7 +559,7 @@ def run_profile(overrides: list[str], max_batch: int = 32, max_context: int = 51
 
         warm_up(engine)  # the engine's own warm-up, then the sweep's shapes once
         warm = SweepPlan(plan.batches[:2], plan.contexts[:1], plan.chunks[:2], plan.contexts[:1],
-                         plan.admits[:1], 1, 2, plan.max_kv_tokens)
+                         plan.admits[:1], plan.mixed_batches[:1], 1, 2, plan.max_kv_tokens)
         profiler.sweep(warm)  # first calls: allocations, oneDNN primitives, lazy builds
         profiler.samples.clear()
         engine.core.reset_for_run()  # as replay leaves a warmed engine (heap frozen, cache empty)
@@ -559,7 +614,7 @@ def main(argv: list[str] | None = None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="run.py overrides (model=..., attention=...)")
     p.add_argument("-o", "--output", type=Path, default=Path("profile.json"))
-    p.add_argument("--max-batch", type=int, default=32, help="largest decode batch swept")
+    p.add_argument("--max-batch", type=int, default=64, help="largest decode batch swept")
     p.add_argument("--max-context", type=int, default=512, help="longest context swept")
     p.add_argument("--repeats", type=int, default=3, help="samples per prefill/admit point")
     p.add_argument("--max-kv-gb", type=float, default=2.0,
@@ -568,9 +623,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--allreduce-ranks", type=int, default=0, metavar="N",
                    help="also time all-reduces between N local processes (gloo on the CPU) "
                         "and store the table: sim.allreduce=THIS_PROFILE costs TP=N with it")
+    p.add_argument("--rebuild", type=Path, metavar="PROFILE",
+                   help="no sweep: build PROFILE's operators anew from its stored samples")
     args = p.parse_args(argv)
-    profile = run_profile(args.overrides, args.max_batch, args.max_context, args.repeats,
-                          args.max_kv_gb, args.seed)
+    if args.rebuild:
+        profile = rebuild(json.loads(args.rebuild.read_text()))
+    else:
+        profile = run_profile(args.overrides, args.max_batch, args.max_context, args.repeats,
+                              args.max_kv_gb, args.seed)
     if args.allreduce_ranks > 1:
         profile["allreduce"] = allreduce_table(args.allreduce_ranks, profile)
     args.output.parent.mkdir(parents=True, exist_ok=True)

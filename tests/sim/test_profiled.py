@@ -53,8 +53,9 @@ def ops_of(padded: bool, cpu=(0.0, 0.0, 0.0, 0.0), cpu_decode=(1e-3, 0.0),
     return Operators(model=line, logits=line, sampling=line,
                      decode=Surface((16.0, 1024.0), (line, Curve((0.0, 1000.0), (0.0, 2.0)))),
                      prefill=Surface((16.0, 1024.0), (line, Curve((0.0, 1000.0), (0.0, 2.0)))),
+                     padded=Surface((16.0, 1024.0), (line, Curve((0.0, 1000.0), (0.0, 2.0)))),
                      cpu_decode=Curve((0.0, 1000.0), (a, a + 1000 * b)), cpu=cpu,
-                     padded=padded, block_size=block_size)
+                     padded_batches=padded, block_size=block_size)
 
 
 def test_padded_attention_pays_for_the_padded_geometry():
@@ -65,7 +66,8 @@ def test_padded_attention_pays_for_the_padded_geometry():
     padded, ragged = ops_of(True), ops_of(False)
     keys = 304  # 300 in whole blocks of 16
     w = (keys - 16) / (1024 - 16)
-    assert padded.attention(shape) == pytest.approx(3 * 64 * (1 + w) * 1e-3)
+    # 3 requests' keys gathered (x = 3 x 304), attending with 64 padded queries each (key 64)
+    assert padded.attention(shape) == pytest.approx(3 * 304 * (1 + (64 - 16) / 1008) * 1e-3)
     decode = 2 * (1 + (200 - 16) / 1008) * 1e-3  # 2 decodes of mean context 200
     chunk = 64 * (1 + (96 - 16) / 1008) * 1e-3
     assert ragged.attention(shape) == pytest.approx(decode + chunk)
@@ -85,15 +87,17 @@ def test_a_step_is_the_sum_of_its_operators():
 
 
 def synthetic_samples(padded: bool, noise: float = 0.0, seed: int = 0) -> list[prof.Sample]:
-    """Samples of a made-up machine: model 2 us/token + 0.1 ms, attention 1 ns per query-key
-    pair + 50 us, logits and sampling 10 us per sampled request, cpu 0.5 ms + 20 us per request
+    """Samples of a made-up machine: model 2 us/token + 0.1 ms, attention 50 us + 1 ns per
+    query-key pair (padded: + 2 ns per key gathered, pairs of the padded queries), logits and sampling 10 us per sampled request, cpu 0.5 ms + 20 us per request
     + 100 us per new request + 50 us per finishing request + 1 us per token."""
     rng = random.Random(seed)
     samples = []
 
     def add(chunks, tag, num_new=0, finished=0):
         shape = replace(StepShape.of(chunks, num_new=num_new), num_finished_reqs=finished)
-        pairs = (shape.num_reqs * shape.max_query_len * prof.round_up(shape.max_context_len, 16)
+        keys = prof.round_up(shape.max_context_len, 16)
+        pairs = (2 * shape.num_reqs * keys
+                 + (shape.num_reqs * shape.max_query_len * keys if shape.num_prefill_reqs else 0)
                  if padded else shape.prefill_attention_pairs + shape.decode_context_tokens)
         parts = {"model": 1e-4 + 2e-6 * shape.num_tokens, "attention": 5e-5 + 1e-9 * pairs,
                  "logits": 1e-5 * shape.num_sampled_reqs,
@@ -204,12 +208,14 @@ def test_a_real_sweep_profiles_tiny_llama_and_simulates_a_run(tmp_path):
     assert profile["attention_padded"] is True  # attention=torch pads its batches
     assert profile["model"] == "tiny_llama" and profile["config"]["block_size"] == 16
     plan = profile["plan"]
-    assert plan["batches"] == [1, 2, 4] and plan["contexts"] == [32, 128]
+    assert plan["batches"] == [1, 2, 3, 4] and plan["contexts"] == [32, 128]
     decode_rows = {row["key"]: row["x"] for row in profile["operators"]["decode"]}
-    assert decode_rows[32.0] == [1.0, 2.0, 4.0] and decode_rows[128.0] == [1.0, 2.0, 4.0]
-    # (q, c) chunks through a prefix hit: a chunk of 32 after 96 cached tokens is row 128
-    prefill_rows = {row["key"]: row["x"] for row in profile["operators"]["prefill"]}
-    assert 32.0 in prefill_rows[128.0]
+    assert decode_rows[32.0] == decode_rows[128.0] == [1.0, 2.0, 3.0, 4.0]
+    # (q, c) chunks through a prefix hit: 32 new tokens after 96 cached ones
+    chunks = [s["shape"]["prefill_chunks"] for s in profile["samples"] if s["tag"] == "prefill"]
+    assert [[32, 96]] in chunks and [[128, 0]] in chunks
+    # padded steps: one row per max query (in whole blocks), chunks of 32 and 128 among them
+    assert {32.0, 128.0} <= {row["key"] for row in profile["operators"]["padded"]}
     assert profile["fit"]["median_abs_error"] < 0.5  # the model explains its own sweep
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile))

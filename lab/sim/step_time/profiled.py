@@ -10,7 +10,8 @@ A step of shape s (lab.core.step.StepShape) takes
   + attention                         the backend's forward, every layer, by how it batches:
         padded backends (attention=torch, cpu; AttentionBackend.padded_batches):
             decode steps   decode(requests, max context)
-            other steps    prefill(requests x max_query_len, max context)   one padded call
+            other steps    padded(requests x max context, max_query_len)   every request's
+                           keys gathered and max_query_len padded queries attending to them
         ragged backends (triton_*):
             decode(decodes, mean context) + sum over prefill chunks of prefill(q, c + q),
             each less the fixed cost of a call (the cheapest decode measured) but one
@@ -22,7 +23,8 @@ A step of shape s (lab.core.step.StepShape) takes
                                       + d for a step with any prefill
 
 `model`, `logits`, `sampling` and the cpu term's steady decode part are curves over one count,
-`decode` and `prefill` surfaces over (x, keys): a curve per measured key length, interpolated
+`decode`, `prefill` and `padded` are surfaces over (x, key): a curve per measured key,
+interpolated
 between them; everything piecewise linear, extrapolated linearly past the sweep. The cpu term's
 extras are a non-negative least-squares fit to what the decode curve leaves of every step's
 overhead (the sweep varies them independently). Each point keeps the median and p10/p90 of its
@@ -129,10 +131,11 @@ class Operators:
     logits: Curve
     sampling: Curve
     decode: Surface
-    prefill: Surface
+    prefill: Surface | None  # ragged backends: per chunk, over (q, c + q)
+    padded: Surface | None  # padded backends: over (requests x max context, max query)
     cpu_decode: Curve  # the engine's CPU time of a steady decode step, by requests
     cpu: tuple[float, ...]  # CPU_FEATURES coefficients
-    padded: bool
+    padded_batches: bool
     block_size: int
     call: float = 0.0  # the fixed cost of an attention call: one decode of the shortest context
 
@@ -140,10 +143,13 @@ class Operators:
     def of(cls, profile: dict[str, Any]) -> Operators:
         ops = profile["operators"]
         decode = Surface.of(ops["decode"])
+        padded_layout = bool(profile["attention_padded"])
         return cls(Curve.of(ops["model"]), Curve.of(ops["logits"]), Curve.of(ops["sampling"]),
-                   decode, Surface.of(ops["prefill"]), Curve.of(ops["cpu"]["decode"]),
-                   tuple(ops["cpu"]["coefficients"]),
-                   bool(profile["attention_padded"]), int(profile["config"]["block_size"]),
+                   decode, None if padded_layout else Surface.of(ops["prefill"]),
+                   Surface.of(ops["padded"]) if padded_layout else None,
+                   Curve.of(ops["cpu"]["decode"]),
+                   tuple(ops["cpu"]["coefficients"]), padded_layout,
+                   int(profile["config"]["block_size"]),
                    min(c.ys[0] for c in decode.curves))
 
     def parts(self, s: StepShape) -> dict[str, float]:
@@ -158,16 +164,19 @@ class Operators:
     def attention(self, s: StepShape) -> float:
         if s.num_tokens == 0:
             return 0.0
-        if self.padded:
-            keys = -(-s.max_context_len // self.block_size) * self.block_size  # whole blocks
+        if self.padded_batches:
+            keys = self.whole_blocks(s.max_context_len)
             if s.num_prefill_reqs == 0:
                 return self.decode.at(s.num_decode_reqs, keys)
-            return self.prefill.at(s.num_reqs * s.max_query_len, keys)
+            return self.padded.at(s.num_reqs * keys, self.whole_blocks(s.max_query_len))
         parts = [self.prefill.at(q, c + q) for q, c in s.prefill_chunks]
         if s.num_decode_reqs:
             parts.append(self.decode.at(s.num_decode_reqs,
                                         s.decode_context_tokens / s.num_decode_reqs))
         return self.call + sum(max(p - self.call, 0.0) for p in parts)
+
+    def whole_blocks(self, tokens: int) -> int:
+        return -(-tokens // self.block_size) * self.block_size
 
     def cpu_seconds(self, s: StepShape) -> float:
         per_new, per_finished, per_token, per_prefill = self.cpu
