@@ -14,6 +14,10 @@
 #   ubatch     micro-batching (docs/ubatch.md): its CUDA tests, one step's forward as one batch vs
 #              two micro-batches (in turn; interleaved at the all-reduces)
 #   tp         on a machine with 2+ GPUs: TP=2 (NCCL, executor=multiproc) correctness, TP=1 vs 2
+#   simprofile the simulator's operator profile of bench_qwen3_06b on this GPU (python3 -m
+#              lab.sim.profile, eager: the timers see each operator), written beside the logs as
+#              sim_profile_bench_qwen3_06b.json: `sim/step_time=profiled sim.step_time.path=THAT
+#              sim.device=h100|h200` then simulates this GPU measured instead of the roofline
 # Each part writes its whole log to $OUT/<part>.txt; the summary at the end prints their tails.
 # Output goes to $OUT (the device tool returns it) or experiments/results/gpu-<date>/.
 set -uo pipefail
@@ -74,8 +78,14 @@ part_tp() {
     attention=triton_flash,executor=multiproc,tensor_parallel_size=2
 }
 
+part_simprofile() {
+  run 300 python3 -m lab.sim.profile model=bench_qwen3_06b attention=triton_flash device=cuda \
+    enforce_eager=true logger=[jsonl] --max-batch 256 --max-context 2048 --max-kv-gb 40 \
+    -o "$OUT/sim_profile_bench_qwen3_06b.json"
+}
+
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(cudagraph e2e tests quant compile kernels ubatch tp)
+[ ${#parts[@]} -gt 0 ] || parts=(cudagraph e2e tests quant compile kernels ubatch tp simprofile)
 for p in "${parts[@]}"; do
   declare -F "part_$p" > /dev/null || { echo "unknown part '$p'"; exit 2; }
   start=$(date +%s)

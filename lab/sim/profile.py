@@ -98,8 +98,9 @@ class Profiler:
 
         engine = self.engine
         runner = engine.core.executor.worker.runner
+        self.device = next(runner.model.parameters()).device.type  # cpu | cuda
         sync = None
-        if str(engine.cfg.get("device", "cpu")).startswith("cuda"):
+        if self.device == "cuda":
             import torch
 
             sync = torch.cuda.synchronize
@@ -572,9 +573,8 @@ def run_profile(overrides: list[str], max_batch: int = 64, max_context: int = 51
     samples = profiler.samples
     log(f"profiled {len(samples)} steps in {time.perf_counter() - t0:.0f} s "
         f"(batches {plan.batches}, contexts {plan.contexts}, chunks {plan.chunks})")
-    meta = {"model": choices.get("model"), "model_name": engine.hf_config.name_or_path,
-            "device": "cuda" if machine()["gpu"] and str(cfg.get("device", "")).startswith(
-                "cuda") else "cpu",
+    meta = {"model": choices.get("model"),
+            "device": profiler.device,
             "attention": choices.get("attention"), "config": fingerprint(cfg),
             "choices": choices, "overrides": list(overrides), "machine": machine(),
             "commit": source_commit(), "created": datetime.now(UTC).isoformat(timespec="seconds"),
