@@ -82,6 +82,7 @@ class SimExecutor(Executor):
         self.bytes_per_block = self.target.kv_bytes_per_token * config.knobs.block_size
         self.num_blocks = 0
         self.max_model_len = 0
+        self._last_step_end: float | None = None  # the first step comes after idle
         self.states: dict[str, _SimState] = {}
         self.eos_ids = frozenset(eos_token_ids(self.hf_config))
         tp = self.target.tensor_parallel_size
@@ -151,16 +152,20 @@ class SimExecutor(Executor):
                 sampled[rid] = self._token(rid, state)
                 state.num_tokens += 1
                 finishing += state.num_tokens >= min(state.end, self.max_model_len or state.end)
-        self.clock.advance(self.step_seconds(sched, finishing))
+        idle = self.clock.now() != self._last_step_end  # it slept until an arrival
+        self.clock.advance(self.step_seconds(sched, finishing, idle))
+        self._last_step_end = self.clock.now()
         return ModelRunnerOutput(sampled)
 
-    def step_seconds(self, sched: SchedulerOutput, finishing: int = 0) -> float:
+    def step_seconds(self, sched: SchedulerOutput, finishing: int = 0,
+                     after_idle: bool = False) -> float:
         """The step's predicted time (`finishing`: requests its tokens finish, whose outputs and
-        frees the engine's CPU pays for), its tensor-parallel collectives (0 at TP=1) and its
-        swap copies over the host link (each rank copies its own blocks over its own link)."""
+        frees the engine's CPU pays for; `after_idle`: the engine waited for an arrival before
+        it), its tensor-parallel collectives (0 at TP=1) and its swap copies over the host link
+        (each rank copies its own blocks over its own link)."""
         shape = sched.shape
-        if finishing:
-            shape = replace(shape, num_finished_reqs=finishing)
+        if finishing or after_idle:
+            shape = replace(shape, num_finished_reqs=finishing, after_idle=after_idle)
         swapped = (shape.swap_in_blocks + shape.swap_out_blocks) * self.bytes_per_block
         comm = 0.0 if self.step_time.includes_comm else self.target.comm_seconds(shape)
         return (self.step_time.predict(shape) + comm

@@ -13,9 +13,11 @@ prefix hit). After a warm-up it drives the engine through designed batches, step
 submission, output processing and the loggers count) and, inside it, the model's forward, the
 attention backend (every layer), the LM head and the sampler (lab.metrics.timers):
 
-    decode     B requests of context L decoding together (B, L on powers-of-two grids)
-    prefill    one chunk of q tokens after c cached ones (q, c + q on a grid), and N short
-               prompts admitted at once
+    decode     B requests of context L decoding together (B on powers of two and the halves
+               between, L = 32, 128, 512)
+    prefill    one chunk of q tokens after c cached ones (q, c + q on a grid)
+    admit      N short prompts admitted at once
+    idle       one prompt arriving after the engine waited for it (timed from the arrival)
     mixed      B decodes with a prefill chunk beside them
 
 From the samples it builds the operators of lab/sim/step_time/profiled.py (medians and p10/p90
@@ -60,7 +62,6 @@ class Sample:
 
     shape: StepShape
     tag: str  # decode | prefill | admit | mixed | other
-    key: float  # the design's key length (decode: L, prefill: c + q)
     loop: float
     forward: float
     attention: float
@@ -144,7 +145,8 @@ class Profiler:
                                                        temperature=0.0), request_id=rid)
         return rid
 
-    def step(self, tag: str = "other", key: float = 0.0, start: float | None = None) -> None:
+    def step(self, tag: str = "other", start: float | None = None,
+             after_idle: bool = False) -> None:
         """One engine step, recorded; `start`: when the loop began (a submission before it)."""
         before = dict(self.timers.seconds)
         t0 = time.perf_counter() if start is None else start
@@ -155,13 +157,14 @@ class Profiler:
                 for k in ("forward", "attention", "logits", "sampling")}
         shape = self._shapes.pop() if self._shapes else StepShape()
         self._shapes.clear()
-        shape = replace(shape, num_finished_reqs=sum(o.finished for o in outputs))
+        shape = replace(shape, num_finished_reqs=sum(o.finished for o in outputs),
+                        after_idle=after_idle)
         if shape.num_tokens:
-            self.samples.append(Sample(shape, tag, key, loop, **part))
+            self.samples.append(Sample(shape, tag, loop, **part))
 
-    def drain(self, tag: str = "other", key: float = 0.0) -> None:
+    def drain(self) -> None:
         while self.engine.has_unfinished_requests():
-            self.step(tag, key)
+            self.step()
 
     def abort_all(self) -> None:
         """End every request now (after a designed step, its decodes teach nothing new)."""
@@ -190,7 +193,7 @@ class Profiler:
         for _ in range(n - 1):
             self.submit(shared + self.prompt(1), max_tokens)
         if n > 1:
-            self.step("admit", length, t0)
+            self.step("admit", t0)
         while self.engine.core.scheduler.waiting or self._prefilling():
             self.step()
 
@@ -212,7 +215,7 @@ class Profiler:
             self.drain()
         t0 = time.perf_counter()
         self.submit(prefix + self.prompt(self.jittered(q, jitter)), 1)
-        self.step("prefill", c + q, t0)
+        self.step("prefill", t0)
         self.abort_all()
 
     def admit(self, n: int, q: int, jitter: bool = False) -> None:
@@ -220,8 +223,21 @@ class Profiler:
         t0 = time.perf_counter()
         for _ in range(n):
             self.submit(self.prompt(self.jittered(q, jitter)), 4)
-        self.step("admit", q, t0)
+        self.step("admit", t0)
         self.step()  # the first decode of a fresh batch
+        self.abort_all()
+
+    def after_idle(self, q: int, jitter: bool = False, wait: float = 0.02) -> None:
+        """A prompt of q tokens arriving after the engine waited `wait` s with nothing to do, as
+        run.py's replay waits (Clock.sleep_until): the step is timed from the arrival it slept
+        until, so the sleep's overshoot and a cold first step count, as in a real TTFT."""
+        from lab.clock import Clock
+
+        clock = Clock()
+        arrival = clock.now() + wait
+        clock.sleep_until(arrival)
+        self.submit(self.prompt(self.jittered(q, jitter)), 1)
+        self.step("idle", arrival, after_idle=True)
         self.abort_all()
 
     def mixed(self, batch: int, context: int, q: int, jitter: bool = False) -> None:
@@ -230,7 +246,7 @@ class Profiler:
         self.batch(batch, context - 4, 4)
         t0 = time.perf_counter()
         self.submit(self.prompt(self.jittered(q, jitter)), 1)
-        self.step("mixed", context, t0)
+        self.step("mixed", t0)
         self.abort_all()
 
     def sweep(self, plan: SweepPlan, phase: str | None = None) -> None:
@@ -250,6 +266,9 @@ class Profiler:
             if phase in (None, "admit"):
                 for n in plan.admits:
                     self.admit(n, plan.chunks[0], jitter)
+            if phase in (None, "idle"):
+                for q in plan.chunks[:2]:
+                    self.after_idle(q, jitter)
             if phase in (None, "mixed"):
                 for batch, context in fits:
                     if batch in plan.mixed_batches and context in plan.contexts[1:]:
@@ -332,6 +351,8 @@ def build_operators(samples: list[Sample], padded: bool, block_size: int) -> dic
     decode, prefill = defaultdict(list), []
     for s in samples:
         sh = s.shape
+        if sh.after_idle:  # a cold step: its extra is the cpu term's (fit_cpu)
+            continue
         model[sh.num_tokens].append(s.forward - s.attention)
         if sh.num_sampled_reqs:
             logits[sh.num_sampled_reqs].append(s.logits)
@@ -357,16 +378,23 @@ def build_operators(samples: list[Sample], padded: bool, block_size: int) -> dic
     return tables
 
 
+def warm_parts(ops: Operators, shape: StepShape) -> float:
+    """The predicted seconds of a step's forward, LM head and sampler (not its cpu term)."""
+    parts = ops.parts(shape)
+    return parts["model"] + parts["attention"] + parts["logits"] + parts["sampling"]
+
+
 def cpu_seconds(s: Sample) -> float:
     """What a step's loop spent outside the model's forward, the LM head and the sampler."""
     return s.loop - s.forward - s.logits - s.sampling
 
 
-def fit_cpu(samples: list[Sample]) -> dict[str, Any]:
+def fit_cpu(samples: list[Sample], warm: Operators) -> dict[str, Any]:
     """The cpu term: a curve over requests of steady decode steps (none admitted or finishing),
     and non-negative least squares of what it leaves of every step's overhead on CPU_FEATURES
     (each row weighted by 1 / its loop time, so the many short steps count as much as the few
-    long ones)."""
+    long ones). A step after idle counts its whole loop less what `warm` operators predict for
+    its forward, LM head and sampler: a cold step's slower forward is part of its extra."""
     steady: dict[float, list[float]] = defaultdict(list)
     for s in samples:
         if s.tag == "decode" and not s.shape.num_finished_reqs and not s.shape.num_new_reqs:
@@ -374,8 +402,10 @@ def fit_cpu(samples: list[Sample]) -> dict[str, Any]:
     decode = curve(steady)
     base = Curve.of(decode)
     x = np.array([[s.shape.num_new_reqs, s.shape.num_finished_reqs, s.shape.num_prefill_tokens,
-                   float(s.shape.num_prefill_reqs > 0)] for s in samples], dtype=float)
-    y = np.array([cpu_seconds(s) - base.at(s.shape.num_reqs) for s in samples])
+                   float(s.shape.num_prefill_reqs > 0), float(s.shape.after_idle)]
+                  for s in samples], dtype=float)
+    y = np.array([(s.loop - warm_parts(warm, s.shape) if s.shape.after_idle else cpu_seconds(s))
+                  - base.at(s.shape.num_reqs) for s in samples])
     w = 1.0 / np.array([max(s.loop, 1e-6) for s in samples])
     xw, yw = x * w[:, None], y * w
     scale = np.linalg.norm(xw, axis=0)
@@ -435,9 +465,9 @@ def plan_sweep(engine: Any, max_batch: int, max_context: int, repeats: int,
                      max_kv_tokens=int(max_kv_gb * 2**30 // engine.kv_bytes_per_token))
 
 
-def profile_engine(overrides: list[str], plan_blocks: int) -> Any:
+def profile_engine(overrides: list[str], plan_blocks: int, scratch: Path) -> Any:
     """An engine composed as `run.py OVERRIDES` would be, in this process, with its loggers
-    started on a scratch directory, a cache of `plan_blocks` blocks and prefix caching on."""
+    started on the `scratch` directory, a cache of `plan_blocks` blocks and prefix caching on."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
@@ -450,13 +480,12 @@ def profile_engine(overrides: list[str], plan_blocks: int) -> Any:
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values()]
     loggers.append(InMemoryLogger())  # replay's own record of a run
     engine = LLMEngine(cfg, loggers=loggers)
-    scratch = Path(tempfile.mkdtemp(prefix="lab-profile-"))
     for logger in loggers:
         logger.on_start(scratch, OmegaConf.to_container(cfg, resolve=True), None)
     return engine
 
 
-def fingerprint(cfg: Any, choices: dict[str, str] | None = None) -> dict[str, Any]:
+def fingerprint(cfg: Any) -> dict[str, Any]:
     """What a profile depends on (FINGERPRINT_KEYS and the options of FINGERPRINT_GROUPS)."""
     from omegaconf import OmegaConf
 
@@ -516,8 +545,10 @@ def build_profile(samples: list[Sample], padded: bool, meta: dict[str, Any]) -> 
     """The profile JSON of a sweep's samples (meta: model, device, config, machine, ...)."""
     block_size = int(meta["config"]["block_size"])
     tables = build_operators(samples, padded, block_size)
-    tables["cpu"] = fit_cpu(samples)
     profile = {"kind": PROFILE_KIND, **meta, "attention_padded": padded, "operators": tables}
+    tables["cpu"] = {"decode": {"x": [1.0], "median": [0.0]},
+                     "coefficients": [0.0] * len(CPU_FEATURES)}  # the others first
+    tables["cpu"] = fit_cpu(samples, Operators.of(profile))
     ops = Operators.of(profile)
     profile["step_ratio_quantiles"], profile["fit"] = ratio_quantiles(samples, ops)
     profile["samples"] = [sample_record(s) for s in samples]  # to refit or study offline
@@ -528,7 +559,7 @@ def rebuild(profile: dict[str, Any]) -> dict[str, Any]:
     """A profile's operators built anew from its stored samples (after a change to how they
     are built: no engine, no sweep)."""
     samples = [Sample(StepShape(**{**r["shape"], "prefill_chunks": tuple(
-        map(tuple, r["shape"]["prefill_chunks"]))}), r["tag"], 0.0, r["loop"], r["forward"],
+        map(tuple, r["shape"]["prefill_chunks"]))}), r["tag"], r["loop"], r["forward"],
         r["attention"], r["logits"], r["sampling"]) for r in profile["samples"]]
     meta = {k: v for k, v in profile.items() if k not in (
         "kind", "attention_padded", "operators", "step_ratio_quantiles", "fit", "samples")}
@@ -552,34 +583,45 @@ def run_profile(overrides: list[str], max_batch: int = 64, max_context: int = 51
     cfg, choices = compose_with_choices(overrides)
     blocks = max(max_batch * (max_context + 64) // cfg.block_size + 64, 256)
     t0 = time.perf_counter()
-    engine = profile_engine(overrides, blocks)
-    plan = plan_sweep(engine, max_batch, max_context, repeats, max_kv_gb)
-    profiler = Profiler(engine, random.Random(seed))
-    try:
-        from lab.engine.warmup import warm_up
-
-        warm_up(engine)  # the engine's own warm-up, then the sweep's shapes once
-        warm = SweepPlan(plan.batches[:2], plan.contexts[:1], plan.chunks[:2], plan.contexts[:1],
-                         plan.admits[:1], plan.mixed_batches[:1], 1, 2, plan.max_kv_tokens)
-        profiler.sweep(warm)  # first calls: allocations, oneDNN primitives, lazy builds
-        profiler.samples.clear()
-        engine.core.reset_for_run()  # as replay leaves a warmed engine (heap frozen, cache empty)
-        for phase in ("decode", "prefill", "admit", "mixed"):
-            profiler.sweep(plan, phase)
-            log(f"  {phase}: {len(profiler.samples)} steps so far, "
-                f"{time.perf_counter() - t0:.0f} s")
-    finally:
-        profiler.close()
+    with tempfile.TemporaryDirectory(prefix="lab-profile-") as scratch:  # the loggers' output
+        engine = profile_engine(overrides, blocks, Path(scratch))
+        try:
+            plan = plan_sweep(engine, max_batch, max_context, repeats, max_kv_gb)
+            profiler = Profiler(engine, random.Random(seed))
+            sweep_engine(profiler, plan, lambda phase: log(
+                f"  {phase}: {len(profiler.samples)} steps so far, "
+                f"{time.perf_counter() - t0:.0f} s"))
+        finally:
+            engine.shutdown()
     samples = profiler.samples
     log(f"profiled {len(samples)} steps in {time.perf_counter() - t0:.0f} s "
         f"(batches {plan.batches}, contexts {plan.contexts}, chunks {plan.chunks})")
-    meta = {"model": choices.get("model"),
-            "device": profiler.device,
+    meta = {"model": choices.get("model"), "device": profiler.device,
             "attention": choices.get("attention"), "config": fingerprint(cfg),
             "choices": choices, "overrides": list(overrides), "machine": machine(),
             "commit": source_commit(), "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "plan": vars(plan)}
     return build_profile(samples, profiler.padded, meta)
+
+
+def sweep_engine(profiler: Profiler, plan: SweepPlan, done: Any) -> None:
+    """The engine's own warm-up and the sweep's shapes once (first calls: allocations, oneDNN
+    primitives, lazy builds), the engine reset as replay leaves a warmed one (heap frozen,
+    cache empty), then every phase of the plan (`done(phase)` after each)."""
+    from lab.engine.warmup import warm_up
+
+    try:
+        warm_up(profiler.engine)
+        profiler.sweep(SweepPlan(plan.batches[:2], plan.contexts[:1], plan.chunks[:2],
+                                 plan.contexts[:1], plan.admits[:1], plan.mixed_batches[:1], 1,
+                                 2, plan.max_kv_tokens))
+        profiler.samples.clear()
+        profiler.engine.core.reset_for_run()
+        for phase in ("decode", "prefill", "admit", "idle", "mixed"):
+            profiler.sweep(plan, phase)
+            done(phase)
+    finally:
+        profiler.close()
 
 
 def allreduce_table(world_size: int, profile: dict[str, Any]) -> dict[str, Any]:

@@ -100,6 +100,16 @@ def profile_path(overrides: list[str], cache_dir: Path) -> tuple[Path, dict[str,
     return cache_dir / f"{choices.get('model', 'model')}-{digest[:16]}.json", key
 
 
+def mismatches(profile: dict[str, Any], overrides: list[str]) -> list[str]:
+    """How a profile's engine configuration differs from the one these overrides compose."""
+    from lab.config.compose import compose_config
+    from lab.sim.profile import fingerprint
+
+    mine, theirs = fingerprint(compose_config(overrides)), profile.get("config", {})
+    return [f"{key}: the profile was measured with {theirs.get(key)!r}, the runs use "
+            f"{mine[key]!r}" for key in mine if theirs.get(key) != mine[key]]
+
+
 def run_py(overrides: list[str], run_dir: Path) -> dict[str, Any]:
     """`python run.py OVERRIDES` into run_dir (jsonl logger only); its summary.json."""
     cmd = [sys.executable, "-m", "lab.run", *overrides, f"hydra.run.dir={run_dir}"]
@@ -116,6 +126,8 @@ def ensure_profile(overrides: list[str], given: Path | None, reprofile: bool,
                    cache_dir: Path) -> Path:
     """The profile to simulate with: given, stored, or measured now (then stored)."""
     if given is not None:
+        for line in mismatches(json.loads(given.read_text()), overrides):
+            print(f"profile: warning: {line}", flush=True)
         return given
     path, _ = profile_path(overrides, cache_dir)
     if path.is_file() and not reprofile:
@@ -158,8 +170,8 @@ def validate(overrides: list[str], out: Path, repeats: int = 3, sim_seeds: int =
     return rows, path
 
 
-def step_shape(record: dict[str, Any]) -> StepShape:
-    """The StepShape of a steps.jsonl record."""
+def step_shape(record: dict[str, Any], previous: dict[str, Any] | None = None) -> StepShape:
+    """The StepShape of a steps.jsonl record (after the `previous` one)."""
     return StepShape(
         record["num_scheduled_tokens"], record["num_prefill_reqs"], record["num_decode_reqs"],
         record["prefill_attention_pairs"], record["decode_context_tokens"],
@@ -167,7 +179,13 @@ def step_shape(record: dict[str, Any]) -> StepShape:
         tuple(tuple(c) for c in record.get("prefill_chunks", ())),
         record.get("max_query_len", 0), record.get("max_context_len", 0),
         record.get("num_sampled_reqs", 0), record.get("num_new_reqs", 0),
-        record.get("num_finished", 0))
+        record.get("num_finished", 0), not busy_before(previous))
+
+
+def busy_before(previous: dict[str, Any] | None) -> bool:
+    """Whether the engine had requests after the previous step (so looped on, not waited)."""
+    return previous is not None and (previous["num_running_reqs"] + previous["num_waiting_reqs"]
+                                     + previous.get("num_swapped_reqs", 0)) > 0
 
 
 def step_seconds(record: dict[str, Any], previous: dict[str, Any] | None = None) -> float:
@@ -175,9 +193,7 @@ def step_seconds(record: dict[str, Any], previous: dict[str, Any] | None = None)
     step ended when the engine was busy in between (the whole loop: schedule, execute, update,
     outputs, loggers, the replay), else (after an idle wait, or the first step) the step's own
     schedule + execute + update time."""
-    busy = previous is not None and (previous["num_running_reqs"] + previous["num_waiting_reqs"]
-                                     + previous.get("num_swapped_reqs", 0)) > 0
-    if busy:
+    if busy_before(previous):
         return record["time"] - previous["time"]
     return record["schedule_time"] + record["execute_time"] + record.get("update_time", 0.0)
 
@@ -193,7 +209,7 @@ def step_errors(run_dir: Path, profile: Path) -> dict[str, tuple[int, float, flo
     records = [json.loads(line) for line in lines if line.strip()]
     out: dict[str, list[float]] = {}
     for previous, record in zip([None, *records[:-1]], records):
-        shape = step_shape(record)
+        shape = step_shape(record, previous)
         kind = ("decode" if not shape.num_prefill_reqs else
                 "prefill" if not shape.num_decode_reqs else "mixed")
         n, measured, predicted = out.setdefault(kind, [0, 0.0, 0.0])

@@ -44,7 +44,7 @@ def test_isotonic_pools_violators_by_weight():
     assert prof.isotonic([1.0, 5.0, 2.0], [1, 1, 3]) == [1.0, 2.75, 2.75]
 
 
-def ops_of(padded: bool, cpu=(0.0, 0.0, 0.0, 0.0), cpu_decode=(1e-3, 0.0),
+def ops_of(padded: bool, cpu=(0.0, 0.0, 0.0, 0.0, 0.0), cpu_decode=(1e-3, 0.0),
            block_size: int = 16) -> Operators:
     """Operators of 1 ms per unit of x (2 ms at key 1024), a CPU term of
     cpu_decode[0] + cpu_decode[1] per request and the `cpu` extras."""
@@ -76,12 +76,14 @@ def test_padded_attention_pays_for_the_padded_geometry():
 
 
 def test_a_step_is_the_sum_of_its_operators():
-    ops = ops_of(True, cpu=(1e-3, 5e-4, 1e-6, 2e-4), cpu_decode=(1e-3, 1e-4))
+    ops = ops_of(True, cpu=(1e-3, 5e-4, 1e-6, 2e-4, 3e-3), cpu_decode=(1e-3, 1e-4))
     shape = replace(StepShape.of([(1, 9, 10), (20, 0, 20)], num_new=1), num_finished_reqs=1)
     parts = ops.parts(shape)
     assert parts["model"] == pytest.approx(21e-3)
     assert parts["logits"] == parts["sampling"] == pytest.approx(2e-3)
     assert parts["cpu"] == pytest.approx(1e-3 + 2e-4 + 1e-3 + 5e-4 + 20e-6 + 2e-4)
+    cold = replace(shape, after_idle=True)  # the first step after a wait for an arrival
+    assert ops.parts(cold)["cpu"] == pytest.approx(parts["cpu"] + 3e-3)
     assert ops.predict(shape) == pytest.approx(sum(parts.values()))
     assert ops.predict(StepShape()) == pytest.approx(1e-3)  # an empty step: the cpu constant
 
@@ -105,7 +107,7 @@ def synthetic_samples(padded: bool, noise: float = 0.0, seed: int = 0) -> list[p
                  "cpu": 5e-4 + 2e-5 * shape.num_reqs + 1e-4 * num_new + 5e-5 * finished
                  + 1e-6 * shape.num_tokens}
         f = 1 + noise * rng.uniform(-1, 1)
-        samples.append(prof.Sample(shape, tag, 0.0, f * sum(parts.values()),
+        samples.append(prof.Sample(shape, tag, f * sum(parts.values()),
                                    f * (parts["model"] + parts["attention"]),
                                    f * parts["attention"], f * parts["logits"],
                                    f * parts["sampling"]))
@@ -236,3 +238,13 @@ def test_at_tensor_parallel_n_the_split_operators_take_one_nth():
     parts = ops.parts(shape)
     split = parts["model"] + parts["attention"] + parts["logits"]
     assert ops.predict(shape, 2) == pytest.approx(ops.predict(shape) - split / 2)
+
+
+def test_validate_warns_when_a_given_profile_was_measured_otherwise():
+    from lab.config.compose import compose_config
+    from lab.sim.validate import mismatches
+
+    profile = {"config": prof.fingerprint(compose_config(["cpu_threads=1"]))}
+    assert mismatches(profile, ["cpu_threads=1", "workload=poisson"]) == []  # not the workload
+    (line,) = mismatches(profile, ["cpu_threads=2"])
+    assert line == "cpu_threads: the profile was measured with 1, the runs use 2"

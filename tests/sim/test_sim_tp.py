@@ -140,8 +140,8 @@ def _recorded(engine) -> list[tuple[StepShape, float]]:
     ex, steps = engine.executor, []
     real = ex.step_seconds
 
-    def record(sched, finishing=0):
-        steps.append((sched.shape, real(sched, finishing)))
+    def record(sched, finishing=0, after_idle=False):
+        steps.append((sched.shape, real(sched, finishing, after_idle)))
         return steps[-1][1]
 
     ex.step_seconds = record

@@ -20,7 +20,9 @@ A step of shape s (lab.core.step.StepShape) takes
                                       preparation, output processing, statistics, the replay:
                                       decode(requests) of a steady decode step, + a per new
                                       request + b per finishing request + c per prefill token
-                                      + d for a step with any prefill
+                                      + d for a step with any prefill + e for the first step
+                                      after the engine waited for an arrival (a cold step, and
+                                      the wait's oversleep, which a real TTFT includes)
 
 `model`, `logits`, `sampling` and the cpu term's steady decode part are curves over one count,
 `decode`, `prefill` and `padded` are surfaces over (x, key): a curve per measured key,
@@ -61,7 +63,8 @@ log = logging.getLogger(__name__)
 PROFILE_KIND = "lab.sim.step_time.profiled/operators-1"
 VARIANCE_MODES = ("median", "sample")
 #: the cpu term's features, in the order of the profile's coefficients
-CPU_FEATURES = ("new_requests", "finished_requests", "prefill_tokens", "prefill_step")
+CPU_FEATURES = ("new_requests", "finished_requests", "prefill_tokens", "prefill_step",
+                "after_idle")
 
 
 @dataclass(frozen=True)
@@ -179,10 +182,10 @@ class Operators:
         return -(-tokens // self.block_size) * self.block_size
 
     def cpu_seconds(self, s: StepShape) -> float:
-        per_new, per_finished, per_token, per_prefill = self.cpu
+        per_new, per_finished, per_token, per_prefill, per_idle = self.cpu
         return (self.cpu_decode.at(s.num_reqs) + per_new * s.num_new_reqs
                 + per_finished * s.num_finished_reqs + per_token * s.num_prefill_tokens
-                + per_prefill * (s.num_prefill_reqs > 0))
+                + per_prefill * (s.num_prefill_reqs > 0) + per_idle * s.after_idle)
 
     def predict(self, s: StepShape, tensor_parallel_size: int = 1) -> float:
         parts = self.parts(s)
