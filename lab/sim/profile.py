@@ -390,14 +390,16 @@ def cpu_seconds(s: Sample) -> float:
 
 
 def fit_cpu(samples: list[Sample], warm: Operators) -> dict[str, Any]:
-    """The cpu term: a curve over requests of steady decode steps (none admitted or finishing),
+    """The cpu term: a curve over requests of steady decode steps (none admitted or finishing,
+    not the first after a prefill: the batch's state changes there),
     and non-negative least squares of what it leaves of every step's overhead on CPU_FEATURES
     (each row weighted by 1 / its loop time, so the many short steps count as much as the few
     long ones). A step after idle counts its whole loop less what `warm` operators predict for
     its forward, LM head and sampler: a cold step's slower forward is part of its extra."""
     steady: dict[float, list[float]] = defaultdict(list)
-    for s in samples:
-        if s.tag == "decode" and not s.shape.num_finished_reqs and not s.shape.num_new_reqs:
+    for previous, s in zip([None, *samples[:-1]], samples):
+        if (s.tag == "decode" and not s.shape.num_finished_reqs and previous is not None
+                and not previous.shape.num_prefill_reqs):
             steady[s.shape.num_reqs].append(cpu_seconds(s))
     decode = curve(steady)
     base = Curve.of(decode)
@@ -461,7 +463,7 @@ def plan_sweep(engine: Any, max_batch: int, max_context: int, repeats: int,
     return SweepPlan(batches, contexts, chunks, keys=contexts,
                      admits=[b for b in batches if b in (2, 4, 8, 16)],
                      mixed_batches=[b for b in batches if b in (4, 16)],
-                     repeats=repeats, decode_steps=4,
+                     repeats=repeats, decode_steps=6,
                      max_kv_tokens=int(max_kv_gb * 2**30 // engine.kv_bytes_per_token))
 
 
