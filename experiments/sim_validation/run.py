@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import statistics
 import sys
@@ -27,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing: lab of this repo
 
-from lab.sim.validate import Row, headline, validate  # noqa: E402
+from lab.sim.validate import METRICS, Row, headline, validate, write  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 COMMON = ["cpu_threads=1"]
@@ -52,8 +53,8 @@ SCENARIOS: dict[str, dict[str, list[str]]] = {
                                        uniform("output_len", 64, 128)],
         "preemption_small_cache": [*POISSON, "workload.rate=40", "workload.num_requests=300",
                                    "num_gpu_blocks=48"],
-        "priority_swap": [*POISSON, "workload.rate=40", "workload.num_requests=300",
-                          "workload.num_priorities=3", "scheduler=priority", "preemption=swap",
+        "priority_swap": ["workload=synthetic", "workload.arrival=poisson", "workload.rate=40",
+                          "workload.num_requests=300", "scheduler=priority", "preemption=swap",
                           "num_gpu_blocks=64"],
         "trace": ["workload=trace"],
     },
@@ -72,17 +73,51 @@ SCENARIOS: dict[str, dict[str, list[str]]] = {
 }
 
 
+def finished_rows(run_dir: Path, repeats: int, sim_seeds: int) -> list[Row] | None:
+    """The rows of a scenario whose runs all finished before (--resume), else None."""
+    def summaries(names: list[str]) -> list[dict] | None:
+        found = []
+        for name in names:
+            path = run_dir / name / "summary.json"
+            if not path.is_file():
+                return None
+            found.append(json.loads(path.read_text()))
+            if found[-1].get("status") != "finished":
+                return None
+        return found
+
+    real = summaries([f"real-{i + 1}" for i in range(repeats)])
+    sim = summaries([f"sim-{seed}" for seed in range(sim_seeds)])
+    if real is None or sim is None:
+        return None
+    return [Row(label, field, kind, [float(s.get(field) or 0) for s in real],
+                [float(s.get(field) or 0) for s in sim]) for label, field, kind in METRICS]
+
+
 def run_all(models: list[str], scenarios: list[str] | None, out: Path, repeats: int,
-            sim_seeds: int) -> list[tuple[str, str, list[Row]]]:
+            sim_seeds: int, resume: bool = False) -> list[tuple[str, str, list[Row]]]:
+    """Every (model, scenario): validated, or (resume) read back from its finished runs; a
+    scenario that fails is reported and the others go on."""
     results = []
+    profiles = out / "runs" / "profiles"
     for model in models:
+        stored = sorted(profiles.glob(f"{model}-*.json")) if resume else []
+        profile = stored[-1] if stored else None  # one profile per model, measured once
         for name, overrides in SCENARIOS[model].items():
             if scenarios and name not in scenarios:
                 continue
             print(f"== {model} / {name}", flush=True)
-            rows, _ = validate([f"model={model}", *COMMON, *overrides],
-                               out / "runs" / model / name, repeats, sim_seeds,
-                               cache_dir=out / "runs" / "profiles")
+            run_dir = out / "runs" / model / name
+            rows = finished_rows(run_dir, repeats, sim_seeds) if resume else None
+            if rows is None:
+                try:
+                    rows, profile = validate([f"model={model}", *COMMON, *overrides], run_dir,
+                                             repeats, sim_seeds, profile=profile,
+                                             cache_dir=profiles)
+                except RuntimeError as e:
+                    print(f"   FAILED: {e}", flush=True)
+                    continue
+                write(rows, run_dir, {"overrides": overrides, "profile": profile.name})
             results.append((model, name, rows))
             x, y = headline(rows)
             print(f"   median |error| {x:.1f} % (throughput + p50s), p99 |error| {y:.1f} %",
@@ -133,6 +168,8 @@ def main() -> None:
     p.add_argument("--scenarios", nargs="*", help="default: every scenario of each model")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--sim-seeds", type=int, default=3)
+    p.add_argument("--resume", action="store_true",
+                   help="keep the scenarios whose runs all finished under --out")
     p.add_argument("--smoke", action="store_true",
                    help="tiny_llama, light and overloaded, 1 real run and 1 seed (minutes)")
     args = p.parse_args()
@@ -141,7 +178,8 @@ def main() -> None:
         args.models, args.scenarios, args.repeats, args.sim_seeds = (
             ["tiny_llama"], ["light", "overloaded"], 1, 1)
     args.out.mkdir(parents=True, exist_ok=True)
-    results = run_all(args.models, args.scenarios, args.out, args.repeats, args.sim_seeds)
+    results = run_all(args.models, args.scenarios, args.out, args.repeats, args.sim_seeds,
+                      args.resume)
     print("\n".join(write_tables(results, args.out)))
 
 

@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 PREFIX = "warmup-"  # every warm-up request id starts so (the engine is idle: none can collide)
 CLIENT = "warmup"  # their client_id: a fair queue charges no workload client for them
 SHORT_PROMPT = 16  # tokens of a short prompt
+INTERPRETED_LONG_PROMPT = 64  # the long prefill when Triton kernels run in its interpreter
 MAX_BATCH = 8  # the larger decode batch, at most
 # tokens of each batch request: decodes enough that warmup-late, added when the batch's first
 # tokens come back, lands among them even where a core process has run a step or two ahead
@@ -155,6 +156,8 @@ def warmup_phases(engine: LLMEngine) -> list[list[WarmupRequest]]:
 
     budget = cfg.max_num_batched_tokens
     long_len = min(budget, max_len - 1, capacity)
+    if engine.triton_interpreted:  # nothing compiles in Triton's interpreter; a long prefill
+        long_len = min(long_len, INTERPRETED_LONG_PROMPT)  # there costs seconds, not ms
     # the batch's requests: BATCH_TOKENS each, of which the last is never computed (no KV)
     per_request = -(-(min(SHORT_PROMPT, max_len - 1) + BATCH_TOKENS - 1) // block_size)
     fits = min(MAX_BATCH + 1, cfg.max_num_seqs, (engine.num_blocks - 1) // per_request)

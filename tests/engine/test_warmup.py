@@ -141,3 +141,17 @@ def test_a_core_process_starts_afresh_too():
         assert logger.steps[0].prefix_cache_hits == 0
     finally:
         engine.shutdown()
+
+
+def test_in_tritons_interpreter_the_long_prefill_stays_short(monkeypatch):
+    """Nothing compiles in the interpreter, where a full-budget prefill costs seconds: the
+    warm-up's long prompt is INTERPRETED_LONG_PROMPT tokens there (a suite that runs the design
+    card's triton_mla command pays for it on every run.py)."""
+    from lab.engine import warmup
+
+    engine, _ = engine_of(f"max_num_batched_tokens={4 * BUDGET}")
+    (long_request,), *_ = warmup_phases(engine)
+    assert len(long_request.prompt_token_ids) == 4 * BUDGET
+    monkeypatch.setattr(engine, "triton_interpreted", True)
+    (long_request,), *_ = warmup_phases(engine)
+    assert len(long_request.prompt_token_ids) == warmup.INTERPRETED_LONG_PROMPT
