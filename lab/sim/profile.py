@@ -46,7 +46,15 @@ from typing import Any
 import numpy as np
 
 from lab.core.step import StepShape
-from lab.sim.step_time.profiled import CPU_FEATURES, PROFILE_KIND, Curve, Operators
+from lab.sim.step_time.profiled import (
+    CPU_FEATURES,
+    PROFILE_KIND,
+    Curve,
+    Operators,
+    chunk_point,
+    decode_point,
+    padded_point,
+)
 
 #: engine settings a profile depends on (its fingerprint); everything else — the cache size,
 #: scheduler, preemption, workload — changes which steps a run takes, not what a step costs
@@ -271,7 +279,7 @@ class Profiler:
                     self.after_idle(q, jitter)
             if phase in (None, "mixed"):
                 for batch, context in fits:
-                    if batch in plan.mixed_batches and context in plan.contexts[1:]:
+                    if batch in plan.mixed_batches and context in plan.keys[1:]:
                         for q in plan.chunks[:2]:
                             self.mixed(batch, context, q, jitter)
         tag_decodes(self.samples)
@@ -282,25 +290,6 @@ def tag_decodes(samples: list[Sample]) -> None:
     for s in samples:
         if s.shape.num_prefill_reqs == 0 and s.shape.num_decode_reqs:
             s.tag = "decode"
-
-
-def round_up(n: float, block_size: int) -> int:
-    return int(-(-n // block_size) * block_size)
-
-
-def decode_key(shape: StepShape, padded: bool, block_size: int) -> float:
-    """The key of a decode step's attention: its context in whole blocks (padded: the longest,
-    ragged: the mean), so the few tokens a batch gains while it decodes stay in one row."""
-    context = (shape.max_context_len if padded
-               else shape.decode_context_tokens / shape.num_decode_reqs)
-    return round_up(context, block_size)
-
-
-def prefill_key(shape: StepShape, block_size: int) -> tuple[float, float]:
-    """(x, key) of a one-chunk step's prefill attention in a ragged backend's surface: (q, the
-    chunk's keys in whole blocks)."""
-    (q, c), = shape.prefill_chunks
-    return q, round_up(c + q, block_size)
 
 
 def curve(points: dict[float, list[float]], bins_per_octave: int = 0) -> dict[str, list[float]]:
@@ -358,23 +347,17 @@ def build_operators(samples: list[Sample], padded: bool, block_size: int) -> dic
             logits[sh.num_sampled_reqs].append(s.logits)
             sampling[sh.num_sampled_reqs].append(s.sampling)
         if s.tag == "decode":
-            decode[(sh.num_decode_reqs, decode_key(sh, padded, block_size))].append(s.attention)
+            decode[decode_point(sh, padded, block_size)].append(s.attention)
         elif s.tag == "prefill" or (padded and s.tag in ("admit", "mixed")):
             prefill.append(s)
     tables = {"model": curve(model, 4), "logits": curve(logits, 4),
               "sampling": curve(sampling, 4), "decode": surface(decode)}
-    if not padded:
-        points = defaultdict(list)
-        for s in prefill:
-            points[prefill_key(s.shape, block_size)].append(s.attention)
-        tables["prefill"] = surface(points)
-        return tables
     points = defaultdict(list)
-    for s in prefill:
-        keys = round_up(s.shape.max_context_len, block_size)
-        points[(s.shape.num_reqs * keys, round_up(s.shape.max_query_len, block_size))].append(
-            s.attention)
-    tables["padded"] = surface(points)
+    for s in prefill:  # one chunk each for a ragged backend (the sweep's prefill steps)
+        point = (padded_point(s.shape, block_size) if padded
+                 else chunk_point(*s.shape.prefill_chunks[0], block_size))
+        points[point].append(s.attention)
+    tables["padded" if padded else "prefill"] = surface(points)
     return tables
 
 
@@ -454,13 +437,16 @@ def plan_sweep(engine: Any, max_batch: int, max_context: int, repeats: int,
     # decode batches: powers of two and the halves between (a run's batches are any size)
     batches = [b for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
                if b <= min(max_batch, cfg.max_num_seqs)]
-    contexts = [c for c in (32, 128, 512, 2048, 8192) if c <= max_context and c % bs == 0]
+    # decode contexts: powers of two (attention is not linear in context once the keys a step
+    # gathers leave the CPU's caches: 192 between 128 and 512 was predicted 2.4x its time)
+    contexts = [c for c in (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+                if c <= max_context and c % bs == 0]
     chunks = [q for q in (32, 128, 512, 2048) if q <= budget and q % bs == 0]
     if not contexts or not chunks:
         raise ValueError(f"block_size={bs}, max_num_batched_tokens={budget} and max_model_len="
                          f"{engine.max_model_len} leave no grid to profile (contexts and chunks "
                          "are multiples of the block size from 32 tokens)")
-    return SweepPlan(batches, contexts, chunks, keys=contexts,
+    return SweepPlan(batches, contexts, chunks, keys=contexts[::2],
                      admits=[b for b in batches if b in (2, 4, 8, 16)],
                      mixed_batches=[b for b in batches if b in (4, 16)],
                      repeats=repeats, decode_steps=6,

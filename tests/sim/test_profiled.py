@@ -14,7 +14,7 @@ import pytest
 
 from lab.core.step import StepShape
 from lab.sim import profile as prof
-from lab.sim.step_time.profiled import Curve, Operators, ProfiledStepTime, Surface
+from lab.sim.step_time.profiled import Curve, Operators, ProfiledStepTime, Surface, whole_blocks
 from lab.sim.validate import Row, headline, step_seconds, table
 
 
@@ -68,7 +68,7 @@ def test_padded_attention_pays_for_the_padded_geometry():
     w = (keys - 16) / (1024 - 16)
     # 3 requests' keys gathered (x = 3 x 304), attending with 64 padded queries each (key 64)
     assert padded.attention(shape) == pytest.approx(3 * 304 * (1 + (64 - 16) / 1008) * 1e-3)
-    decode = 2 * (1 + (200 - 16) / 1008) * 1e-3  # 2 decodes of mean context 200
+    decode = 2 * (1 + (208 - 16) / 1008) * 1e-3  # 2 decodes of mean context 200: 208 in blocks
     chunk = 64 * (1 + (96 - 16) / 1008) * 1e-3
     assert ragged.attention(shape) == pytest.approx(decode + chunk)
     only_decodes = StepShape.of([(1, 99, 100), (1, 299, 300)])
@@ -97,7 +97,7 @@ def synthetic_samples(padded: bool, noise: float = 0.0, seed: int = 0) -> list[p
 
     def add(chunks, tag, num_new=0, finished=0):
         shape = replace(StepShape.of(chunks, num_new=num_new), num_finished_reqs=finished)
-        keys = prof.round_up(shape.max_context_len, 16)
+        keys = whole_blocks(shape.max_context_len, 16)
         pairs = (2 * shape.num_reqs * keys
                  + (shape.num_reqs * shape.max_query_len * keys if shape.num_prefill_reqs else 0)
                  if padded else shape.prefill_attention_pairs + shape.decode_context_tokens)
@@ -210,9 +210,9 @@ def test_a_real_sweep_profiles_tiny_llama_and_simulates_a_run(tmp_path):
     assert profile["attention_padded"] is True  # attention=torch pads its batches
     assert profile["model"] == "tiny_llama" and profile["config"]["block_size"] == 16
     plan = profile["plan"]
-    assert plan["batches"] == [1, 2, 3, 4] and plan["contexts"] == [32, 128]
+    assert plan["batches"] == [1, 2, 3, 4] and plan["contexts"] == [32, 64, 128]
     decode_rows = {row["key"]: row["x"] for row in profile["operators"]["decode"]}
-    assert decode_rows[32.0] == decode_rows[128.0] == [1.0, 2.0, 3.0, 4.0]
+    assert decode_rows[32.0] == decode_rows[64.0] == decode_rows[128.0] == [1.0, 2.0, 3.0, 4.0]
     # (q, c) chunks through a prefix hit: 32 new tokens after 96 cached ones
     chunks = [s["shape"]["prefill_chunks"] for s in profile["samples"] if s["tag"] == "prefill"]
     assert [[32, 96]] in chunks and [[128, 0]] in chunks

@@ -167,19 +167,15 @@ class Operators:
     def attention(self, s: StepShape) -> float:
         if s.num_tokens == 0:
             return 0.0
+        bs = self.block_size
         if self.padded_batches:
-            keys = self.whole_blocks(s.max_context_len)
             if s.num_prefill_reqs == 0:
-                return self.decode.at(s.num_decode_reqs, keys)
-            return self.padded.at(s.num_reqs * keys, self.whole_blocks(s.max_query_len))
-        parts = [self.prefill.at(q, c + q) for q, c in s.prefill_chunks]
+                return self.decode.at(*decode_point(s, True, bs))
+            return self.padded.at(*padded_point(s, bs))
+        parts = [self.prefill.at(*chunk_point(q, c, bs)) for q, c in s.prefill_chunks]
         if s.num_decode_reqs:
-            parts.append(self.decode.at(s.num_decode_reqs,
-                                        s.decode_context_tokens / s.num_decode_reqs))
+            parts.append(self.decode.at(*decode_point(s, False, bs)))
         return self.call + sum(max(p - self.call, 0.0) for p in parts)
-
-    def whole_blocks(self, tokens: int) -> int:
-        return -(-tokens // self.block_size) * self.block_size
 
     def cpu_seconds(self, s: StepShape) -> float:
         per_new, per_finished, per_token, per_prefill, per_idle = self.cpu
@@ -193,6 +189,28 @@ class Operators:
             for name in ("model", "attention", "logits"):  # the split operators
                 parts[name] /= tensor_parallel_size
         return sum(parts.values())
+
+
+def whole_blocks(tokens: float, block_size: int) -> int:
+    return int(-(-tokens // block_size) * block_size)
+
+
+def decode_point(s: StepShape, padded: bool, block_size: int) -> tuple[float, float]:
+    """(decodes, context in whole blocks) of a decode surface: the longest context for a padded
+    backend (it gathers every request's keys up to it), the mean for a ragged one."""
+    context = s.max_context_len if padded else s.decode_context_tokens / s.num_decode_reqs
+    return s.num_decode_reqs, whole_blocks(context, block_size)
+
+
+def padded_point(s: StepShape, block_size: int) -> tuple[float, float]:
+    """(requests x longest context, longest query) of a padded step, in whole blocks."""
+    return (s.num_reqs * whole_blocks(s.max_context_len, block_size),
+            whole_blocks(s.max_query_len, block_size))
+
+
+def chunk_point(q: int, c: int, block_size: int) -> tuple[float, float]:
+    """(new tokens, keys in whole blocks) of one prefill chunk in a ragged backend's surface."""
+    return q, whole_blocks(c + q, block_size)
 
 
 def load_profile(path: str | Path) -> dict[str, Any]:
