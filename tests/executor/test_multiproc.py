@@ -127,8 +127,8 @@ def test_engine_client_mp_runs_multiproc_ranks_under_the_core_process():
 
 
 def test_uniproc_refuses_tensor_parallel():
-    with pytest.raises(ValueError, match=r"UniprocExecutor.*use executor=multiproc .* or "
-                       r"executor=ray"):
+    with pytest.raises(ValueError, match=r"UniprocExecutor.*use executor=multiproc .*, "
+                       r"executor=ray .* or executor=sim"):
         make_llm("tiny_llama", tensor_parallel_size=2)
 
 
