@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing: lab of this repo
 
-from lab.sim.validate import METRICS, Row, headline, validate, write  # noqa: E402
+from lab.sim.validate import Row, headline, rows_of, validate, write  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 COMMON = ["cpu_threads=1"]
@@ -90,8 +90,7 @@ def finished_rows(run_dir: Path, repeats: int, sim_seeds: int) -> list[Row] | No
     sim = summaries([f"sim-{seed}" for seed in range(sim_seeds)])
     if real is None or sim is None:
         return None
-    return [Row(label, field, kind, [float(s.get(field) or 0) for s in real],
-                [float(s.get(field) or 0) for s in sim]) for label, field, kind in METRICS]
+    return rows_of(real, sim)
 
 
 def run_all(models: list[str], scenarios: list[str] | None, out: Path, repeats: int,

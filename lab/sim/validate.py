@@ -165,9 +165,13 @@ def validate(overrides: list[str], out: Path, repeats: int = 3, sim_seeds: int =
     sim = [run_py([*overrides, *SIM, *same_cache, f"sim.step_time.path={path}",
                    f"sim.step_time.variance={variance}", f"sim.step_time.seed={seed}"],
                   out / f"sim-{seed}") for seed in seeds]
-    rows = [Row(label, field, kind, [float(s.get(field) or 0) for s in real],
+    return rows_of(real, sim), path
+
+
+def rows_of(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> list[Row]:
+    """The table's rows from the real and the simulated runs' summary.json records."""
+    return [Row(label, field, kind, [float(s.get(field) or 0) for s in real],
                 [float(s.get(field) or 0) for s in sim]) for label, field, kind in METRICS]
-    return rows, path
 
 
 def step_shape(record: dict[str, Any], previous: dict[str, Any] | None = None) -> StepShape:

@@ -76,5 +76,5 @@ def test_roofline_needs_binding_and_binding_leaves_the_built_model_alone():
 
 
 def test_each_model_says_what_it_is():
-    assert "uncalibrated roofline" in ROOF.bind(TARGET).describe()
+    assert ROOF.bind(TARGET).describe().startswith("roofline (uncalibrated: data-sheet peaks")
     assert ConstantStepTime(0.01).describe().startswith("constant")

@@ -26,8 +26,7 @@ A step of shape s (lab.core.step.StepShape) takes
 
 `model`, `logits`, `sampling` and the cpu term's steady decode part are curves over one count,
 `decode`, `prefill` and `padded` are surfaces over (x, key): a curve per measured key,
-interpolated
-between them; everything piecewise linear, extrapolated linearly past the sweep. The cpu term's
+interpolated between them; everything piecewise linear, extrapolated linearly past the sweep. The cpu term's
 extras are a non-negative least-squares fit to what the decode curve leaves of every step's
 overhead (the sweep varies them independently). Each point keeps the median and p10/p90 of its
 samples.

@@ -57,10 +57,10 @@ class RooflineStepTime(StepTimeModel):
         return self.overhead_s + sum(self._time(f, b) for f, b in self.phases(shape))
 
     def describe(self) -> str:
-        calibration = ("uncalibrated roofline: data-sheet peaks" if self.target is None
-                       else f"uncalibrated roofline: {self.target.device.source}")
-        return (f"roofline ({calibration} x efficiencies {self.flops_efficiency} / "
-                f"{self.bandwidth_efficiency}, {self.overhead_s * 1e3:g} ms per step)")
+        source = f"; {self.target.device.source}" if self.target is not None else ""
+        return (f"roofline (uncalibrated: data-sheet peaks x efficiencies "
+                f"{self.flops_efficiency} / {self.bandwidth_efficiency}, "
+                f"{self.overhead_s * 1e3:g} ms per step{source})")
 
     def _time(self, flops: float, nbytes: float) -> float:
         device = self.target.device
