@@ -126,9 +126,12 @@ def test_llm_warms_up_only_when_asked(asked, caplog):
 
 
 def test_a_core_process_starts_afresh_too():
-    """engine_client=mp: the reset runs in the core's process (EngineCore.reset_for_run, a
-    utility over ZMQ), and the statistics that come back show it."""
-    engine, logger = engine_of("engine_client=mp")
+    """engine_client=async_mp (lab serve's; its client is mp's with an asyncio side): the reset
+    runs in the core's process (EngineCore.reset_for_run, a utility over ZMQ), and the
+    statistics that come back show it. The warm-up steps the engine synchronously before any
+    event loop: AsyncMPClient's own pending receive once hid MPClient._recv, and step() raised
+    'NoneType is not callable' here."""
+    engine, logger = engine_of("engine_client=async_mp")
     try:
         warm = warm_up(engine)
         assert warm.num_steps >= 6 and logger.steps == [] and not engine.recent_steps
