@@ -26,8 +26,14 @@ def is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_num(x: object) -> bool:
+def is_num(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and not math.isnan(x)
+
+
+def check_int(name: str, value: object, low: int) -> None:
+    """Refuse a knob that is not an integer >= low, naming it."""
+    if not (is_int(value) and value >= low):
+        raise ValueError(f"{name}={value!r} must be an integer >= {low}")
 
 
 @dataclass(frozen=True)
@@ -77,9 +83,9 @@ class LengthDist:
             raise ValueError(f"{n}.max={self.max!r} must be an integer >= {n}.min={self.min}")
         if self.dist == "fixed" and not (is_int(self.value) and self.value >= 1):
             raise ValueError(f"{n}.value={self.value!r} must be an integer >= 1 for dist=fixed")
-        if self.mean is not None and not (_is_num(self.mean) and self.mean > 0):
+        if self.mean is not None and not (is_num(self.mean) and self.mean > 0):
             raise ValueError(f"{n}.mean={self.mean!r} must be a number > 0")
-        if self.std is not None and not (_is_num(self.std) and self.std >= 0):
+        if self.std is not None and not (is_num(self.std) and self.std >= 0):
             raise ValueError(f"{n}.std={self.std!r} must be a number >= 0")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -105,9 +111,9 @@ def validate_arrival(arrival: str, rate: float | None, burstiness: float) -> Non
     if arrival == "batch" and rate is not None:
         raise ValueError(f"rate={rate!r} has no effect with arrival=batch (every request at t=0): "
                          "set arrival=poisson or gamma to use a rate, or leave rate null")
-    if arrival != "batch" and not (_is_num(rate) and rate > 0):
+    if arrival != "batch" and not (is_num(rate) and rate > 0):
         raise ValueError(f"rate={rate!r} must be a number > 0 (requests/s) for arrival={arrival}")
-    if not (_is_num(burstiness) and 0 < burstiness < math.inf):
+    if not (is_num(burstiness) and 0 < burstiness < math.inf):
         raise ValueError(f"burstiness={burstiness!r} must be a finite number > 0")
 
 

@@ -22,7 +22,7 @@ from lab.workloads.distributions import (
     LengthDist,
     TokenSampler,
     arrival_times,
-    is_int,
+    check_int,
     validate_arrival,
 )
 
@@ -53,7 +53,7 @@ class SyntheticWorkload(Workload):
         seed: int = 0,
     ) -> None:
         if num_requests is not None:
-            _check_int("num_requests", num_requests, 1)
+            check_int("num_requests", num_requests, 1)
         self.num_requests = num_requests  # None: default_num_requests(interpreted)
         self.prompt_len = LengthDist.parse(
             {"min": 16, "max": 128} if prompt_len is None else prompt_len, "prompt_len")
@@ -65,7 +65,7 @@ class SyntheticWorkload(Workload):
         for name, value, low in [("num_priorities", num_priorities, 1),
                                  ("num_clients", num_clients, 0),
                                  ("low_token_id", low_token_id, 0), ("seed", seed, 0)]:
-            _check_int(name, value, low)
+            check_int(name, value, low)
         self.num_priorities, self.num_clients = num_priorities, num_clients
         self.low_token_id, self.seed = low_token_id, seed
         self.sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k,
@@ -73,8 +73,8 @@ class SyntheticWorkload(Workload):
         SamplingParams(**self.sampling, max_tokens=self.output_len.max)  # validates early
 
     def _init_prefix(self, num_prefix_groups: int, prefix_len: int) -> None:
-        _check_int("num_prefix_groups", num_prefix_groups, 0)
-        _check_int("prefix_len", prefix_len, 1 if num_prefix_groups else 0)
+        check_int("num_prefix_groups", num_prefix_groups, 0)
+        check_int("prefix_len", prefix_len, 1 if num_prefix_groups else 0)
         if num_prefix_groups and prefix_len >= self.prompt_len.min:
             raise ValueError(
                 f"prefix_len={prefix_len} must be < prompt_len.min={self.prompt_len.min} "
@@ -131,7 +131,3 @@ def default_num_requests(interpreted: bool) -> int:
     Triton kernels run in Triton's interpreter (no CUDA), which is ~100x slower per step."""
     return INTERPRETER_NUM_REQUESTS if interpreted else DEFAULT_NUM_REQUESTS
 
-
-def _check_int(name: str, value: object, low: int) -> None:
-    if not (is_int(value) and value >= low):
-        raise ValueError(f"{name}={value!r} must be an integer >= {low}")

@@ -49,7 +49,9 @@ from lab.workloads.distributions import (
     LengthDist,
     TokenSampler,
     arrival_times,
+    check_int,
     is_int,
+    is_num,
     to_plain,
     validate_arrival,
 )
@@ -116,16 +118,16 @@ class TraceWorkload(Workload):
         seed: int = 0,
     ) -> None:
         if num_requests is not None:
-            _check_int("num_requests", num_requests, 1)
-        if not (_is_num(time_scale) and 0 < time_scale < math.inf):
+            check_int("num_requests", num_requests, 1)
+        if not (is_num(time_scale) and 0 < time_scale < math.inf):
             raise ValueError(f"time_scale={time_scale!r} must be a finite number > 0 "
                              "(arrivals are divided by it: 2.0 replays twice as fast)")
         for name, value in [("max_prompt_len", max_prompt_len),
                             ("max_output_len", max_output_len)]:
             if value is not None:
-                _check_int(name, value, 1)
-        _check_int("low_token_id", low_token_id, 0)
-        _check_int("seed", seed, 0)
+                check_int(name, value, 1)
+        check_int("low_token_id", low_token_id, 0)
+        check_int("seed", seed, 0)
         self.sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k,
                          "ignore_eos": ignore_eos}
         SamplingParams(**self.sampling, max_tokens=1)  # validates early
@@ -409,13 +411,6 @@ def _check_columns(columns: Any) -> dict[str, str]:
     return dict(columns)
 
 
-def _is_num(x: object) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and not math.isnan(x)
-
-
-def _check_int(name: str, value: object, low: int) -> None:
-    if not (is_int(value) and value >= low):
-        raise ValueError(f"{name}={value!r} must be an integer >= {low}")
 
 
 # --- writing and describing traces -----------------------------------------------------------
@@ -441,13 +436,13 @@ def write_trace(
     [0, num_priorities), client ids `client{k}` uniform over `num_clients` (0: none). Arrivals
     are rounded to microseconds. Deterministic given the arguments: the same bytes every time."""
     path = Path(path)
-    _check_int("num_requests", num_requests, 1)
+    check_int("num_requests", num_requests, 1)
     validate_arrival("gamma", rate, burstiness)
     prompt_len.validate()
     output_len.validate()
-    _check_int("num_priorities", num_priorities, 1)
-    _check_int("num_clients", num_clients, 0)
-    _check_int("seed", seed, 0)
+    check_int("num_priorities", num_priorities, 1)
+    check_int("num_clients", num_clients, 0)
+    check_int("seed", seed, 0)
     suffix = path.suffix.lower()
     if suffix not in JSON_SUFFIXES + CSV_SUFFIXES:
         raise ValueError(f"{path}: unknown suffix {path.suffix!r}: allowed .jsonl, .json, .csv")
