@@ -248,7 +248,7 @@ class ProfiledStepTime(StepTimeModel):
 
     def bind(self, target: SimTarget) -> ProfiledStepTime:
         """A fresh model (its own random stream from the seed) for a run."""
-        if target.device.is_cpu is False and self.profile.get("device") == "cpu":
+        if not target.device.is_cpu and self.profile.get("device") == "cpu":
             log.warning("a CPU profile (%s) simulates %s: its times are this machine's, not the "
                         "device's", self.path, target.device.name)
         bound = ProfiledStepTime(self.path, self.variance, self.seed, self.profile)
