@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -146,10 +146,49 @@ class AttentionInputs:
     seq_lens_cpu: list[int]
     max_model_len: int = 0  # the engine's limit: lets backends size launches without host lengths
     kv_scales: KVScales | None = None  # an fp8 cache's KVCache.scales, handed in per step
+    # a hybrid KV cache (lab/cache/groups.py): every group's (block_table, slot_mapping), group
+    # 0's being the two above, and each layer's group; () for a cache of one group
+    group_tables: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
+    layer_groups: tuple[int, ...] = ()
 
     @property
     def is_pure_decode(self) -> bool:
         return self.max_query_len == 1
+
+    def per_group(self) -> list[AttentionInputs]:
+        """These inputs once per KV cache group (its block table and slot mapping), each of a
+        single group; [self] when there is one group."""
+        if not self.group_tables:
+            return [self]
+        return [replace(self, block_table=table, slot_mapping=slots, group_tables=(),
+                        layer_groups=()) for table, slots in self.group_tables]
+
+
+@dataclass
+class GroupedMetadata:
+    """A step's metadata over a hybrid KV cache (several KV cache groups, lab/cache/groups.py):
+    the backend's metadata of each group's AttentionInputs (its block table and slot mapping),
+    and each layer's group. `layer_metadata` picks a layer's."""
+
+    groups: list[object]
+    layer_groups: tuple[int, ...]
+
+
+def layer_metadata(metadata: object, layer_idx: int) -> object:
+    """The metadata layer `layer_idx` attends with: its group's of a GroupedMetadata, else the
+    step's one metadata (a model whose layers share one KV cache group)."""
+    if isinstance(metadata, GroupedMetadata):
+        return metadata.groups[metadata.layer_groups[layer_idx]]
+    return metadata
+
+
+def build_step_metadata(backend: AttentionBackend, inputs: AttentionInputs) -> object:
+    """The step's metadata: `backend.build_metadata(inputs)`, or over a hybrid KV cache
+    (inputs.group_tables) a GroupedMetadata of one metadata per group."""
+    if not inputs.group_tables:
+        return backend.build_metadata(inputs)
+    return GroupedMetadata([backend.build_metadata(g) for g in inputs.per_group()],
+                           inputs.layer_groups)
 
 
 class CudaGraphSupport(enum.Enum):
@@ -200,8 +239,20 @@ class AttentionBackend(ABC):
         """Build or load what this backend needs on `device` (e.g. a C++ kernel) before the
         model loads, so before the engine reports ready; the Worker calls it (nothing here)."""
 
+    #: the per-layer ATTENTION_FEATURES (lab/attention/spec.py) its `forward` implements: a
+    #: layer that uses one passes it as a keyword (sliding_window=, sinks=, softcap=)
+    supported_features: frozenset[str] = frozenset()
+
     def check_supported(self, spec: AttentionSpec) -> None:
-        """Refuse a model whose attention kind this backend does not implement."""
+        """Refuse a model whose attention kind, or a feature one of its layers uses, this
+        backend does not implement."""
+        missing = spec.features - self.supported_features
+        if missing:
+            raise ValueError(
+                f"attention={self.name} does not implement {', '.join(sorted(missing))} "
+                f"(the model's layers use it; this backend supports "
+                f"{', '.join(sorted(self.supported_features)) or 'none of those'}); "
+                "use attention=torch (the reference implements every feature)")
         if spec.kind not in self.supported_kinds:
             other = "triton_mla" if spec.kind == "mla" else "triton_flash"
             hint = f"; use attention={other} or attention=torch"
@@ -238,8 +289,18 @@ class AttentionBackend(ABC):
         kv_cache: torch.Tensor,
         metadata: object,
         scale: float,
+        *,
+        sliding_window: int | None = None,
+        sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        """Write k/v of the step's tokens into the cache, attend, return [T, num_heads, head_dim]."""
+        """Write k/v of the step's tokens into the cache, attend, return [T, num_heads, head_dim].
+
+        The keywords are the layer's ATTENTION_FEATURES (AttentionSpec): a query at position i
+        sees keys j with i - j < sliding_window; `sinks` (fp32 [num_heads]) is one more logit per
+        head in every softmax's denominator, with no value; `softcap` maps each scaled score s to
+        softcap * tanh(s / softcap) before the mask. A layer passes only those it uses, and only
+        to a backend listing them in `supported_features` (check_supported)."""
 
 
 class PagedKVBackend(AttentionBackend):

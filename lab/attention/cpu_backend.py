@@ -106,8 +106,11 @@ class CPUAttentionBackend(TorchAttentionBackend):
             return DeferredMetadata(inputs, self)
         return super().build_metadata(inputs)
 
-    def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
-        if isinstance(metadata, DeferredMetadata):
+    def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale, **features):
+        """The fast paths for plain causal layers; a layer with a sliding window, sinks or a
+        soft cap (`features`) runs attention=torch's reference path."""
+        if isinstance(metadata, DeferredMetadata) and not any(
+                f is not None for f in features.values()):
             a = metadata.inputs
             if a.is_pure_decode and kernel.supports(q, kv_cache) and self._decode_kernel():
                 return kernel.paged_decode(q, k, v, kv_cache, a.slot_mapping, a.block_table,
@@ -115,7 +118,8 @@ class CPUAttentionBackend(TorchAttentionBackend):
             if not a.is_pure_decode and kv_cache.dtype == q.dtype:
                 self.write_step_kv(layer_idx, k, v, kv_cache, metadata)
                 return fresh_prefill(q, k, v, a, scale)
-        return super().forward(layer_idx, q, k, v, kv_cache, torch_metadata(metadata), scale)
+        return super().forward(layer_idx, q, k, v, kv_cache, torch_metadata(metadata), scale,
+                               **features)
 
     def forward_mla(self, layer_idx, q_nope, q_pe, kv_c, k_pe, kv_cache, metadata, mla, scale):
         return super().forward_mla(layer_idx, q_nope, q_pe, kv_c, k_pe, kv_cache,

@@ -25,6 +25,12 @@ class AttentionSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # per-layer behaviour (Mistral, Qwen2, Gemma-2/3, gpt-oss; see ATTENTION_FEATURES):
+    # sliding_window: query i sees keys j with i - j < sliding_window (itself included), as
+    # transformers masks them; None: every earlier key (full attention)
+    sliding_window: int | None = None
+    sinks: bool = False  # a learned logit per head joins each softmax's denominator (gpt-oss)
+    logit_softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) (Gemma-2)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -37,12 +43,26 @@ class AttentionSpec:
                 f"an MLA spec has num_kv_heads=1 and head_dim=kv_lora_rank+qk_rope_head_dim={latent} "
                 f"(got num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim})"
             )
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window={self.sliding_window} must be >= 1 (or None)")
+
+    @property
+    def features(self) -> frozenset[str]:
+        """The ATTENTION_FEATURES this layer uses (a backend must support every one)."""
+        used = {"sliding_window": self.sliding_window is not None, "sinks": self.sinks,
+                "softcap": self.logit_softcap is not None}
+        return frozenset(name for name, on in used.items() if on)
 
     @property
     def kv_elems_per_token(self) -> int:
         """Cache elements one token takes in one layer: K and V of every KV head, or MLA's one
         latent row (kv_c | k_pe). What every backend's KV bytes and the simulator's follow."""
         return self.head_dim if self.kind == "mla" else 2 * self.num_kv_heads * self.head_dim
+
+
+#: what a layer may ask of attention beyond causal softmax attention; a backend lists the ones it
+#: implements in `AttentionBackend.supported_features`
+ATTENTION_FEATURES = ("sliding_window", "sinks", "softcap")
 
 
 def mla_attention_spec(

@@ -31,7 +31,7 @@ reference is what that path is checked with.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +43,7 @@ from lab.attention.base import (
     layer_kv_scales,
 )
 from lab.attention.mla import MLAAttentionMixin, MLAWeights
+from lab.attention.spec import ATTENTION_FEATURES
 from lab.kernels.fp8_kv import FP8_KV_DTYPE, dequantize_kv_ref, quantize_kv_ref
 from lab.kernels.mla_cache_write import write_latent_cache_ref
 
@@ -61,15 +62,31 @@ class TorchAttentionMetadata:
     write_rows: torch.Tensor | None
     write_slots: torch.Tensor
     kv_blocks: torch.Tensor | None = None  # [2 * B * nblk] blocks, then blocks + num_blocks
-    bias: torch.Tensor | None = None  # the mask as an additive 0 / -inf bias (one dtype)
+    # [B, 1, Q, 1]: each query row's position (a decode's is seq_len - 1)
+    query_pos: torch.Tensor | None = None
+    # per (sliding window or None): the mask narrowed to the window; per (window, dtype): as bias
+    masks: dict = field(default_factory=dict)
+    biases: dict = field(default_factory=dict)
 
-    def attn_bias(self, dtype: torch.dtype) -> torch.Tensor:
-        """The mask as SDPA's additive bias in `dtype`, made once per step (a bool mask is
-        converted inside every SDPA call, i.e. every layer)."""
-        if self.bias is None or self.bias.dtype != dtype:
-            self.bias = torch.zeros(self.mask.shape, dtype=dtype,
-                                    device=self.mask.device).masked_fill_(~self.mask, -torch.inf)
-        return self.bias
+    def window_mask(self, window: int | None) -> torch.Tensor:
+        """The step's mask, narrowed for a layer with a sliding window (keys j > i - window),
+        made once per step and window."""
+        if window is None:
+            return self.mask
+        if window not in self.masks:
+            keys = torch.arange(self.mask.shape[-1], device=self.mask.device)
+            self.masks[window] = self.mask & (keys > self.query_pos - window)
+        return self.masks[window]
+
+    def attn_bias(self, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+        """The (window's) mask as SDPA's additive bias in `dtype`, made once per step (a bool
+        mask is converted inside every SDPA call, i.e. every layer)."""
+        key = (window, dtype)
+        if key not in self.biases:
+            mask = self.window_mask(window)
+            self.biases[key] = torch.zeros(mask.shape, dtype=dtype,
+                                           device=mask.device).masked_fill_(~mask, -torch.inf)
+        return self.biases[key]
 
     def kv_index(self, num_blocks: int) -> torch.Tensor:
         """The K rows then the V rows of a (2 * num_blocks, ...) view of a layer's cache: one
@@ -100,8 +117,10 @@ class TorchAttentionBackend(MLAAttentionMixin, PagedKVBackend):
         if inputs.is_pure_decode:  # token i is request i's, at position seq_len - 1
             token_req = torch.arange(b, device=device)
             mask = keys[None, :] < inputs.seq_lens[:, None]
+            query_pos = (inputs.seq_lens.long() - 1)[:, None, None, None]
             return TorchAttentionMetadata(inputs, token_req, torch.zeros_like(token_req),
-                                          blocks.flatten(), mask[:, None, None], rows, slots)
+                                          blocks.flatten(), mask[:, None, None], rows, slots,
+                                          query_pos=query_pos)
         qlens = torch.tensor(inputs.query_lens_cpu, device=device)
         token_req = torch.repeat_interleave(torch.arange(b, device=device), qlens)
         starts = inputs.query_start_loc[:-1].long()
@@ -113,16 +132,21 @@ class TorchAttentionBackend(MLAAttentionMixin, PagedKVBackend):
             keys[None, None, :] < inputs.seq_lens[:, None, None]
         )
         return TorchAttentionMetadata(inputs, token_req, token_row, blocks.flatten(), mask[:, None],
-                                      rows, slots)
+                                      rows, slots, query_pos=query_pos[:, None, :, None])
 
-    def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
+    supported_features = frozenset(ATTENTION_FEATURES)  # the reference of each
+
+    def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale, *, sliding_window=None,
+                sinks=None, softcap=None):
         md: TorchAttentionMetadata = metadata
         k_scale, v_scale = self.write_step_kv(layer_idx, k, v, kv_cache, md)
         key, val = _gather_kv(kv_cache, md.kv_index(kv_cache.shape[1]), md.inputs.num_reqs)
         if kv_cache.dtype == FP8_KV_DTYPE:
             key = dequantize_kv_ref(key, k_scale).to(q.dtype)
             val = dequantize_kv_ref(val, v_scale).to(q.dtype)
-        return _attend(md, q, key, val, scale)
+        if sinks is not None or softcap is not None:
+            return _attend_exact(md, q, key, val, scale, sliding_window, sinks, softcap)
+        return _attend(md, q, key, val, scale, sliding_window)
 
     def write_step_kv(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
                       kv_cache: torch.Tensor, md: TorchAttentionMetadata):
@@ -152,25 +176,53 @@ class TorchAttentionBackend(MLAAttentionMixin, PagedKVBackend):
 
 
 def _attend(md: TorchAttentionMetadata, q: torch.Tensor, key: torch.Tensor, val: torch.Tensor,
-            scale: float) -> torch.Tensor:
+            scale: float, window: int | None = None) -> torch.Tensor:
     """Flat queries [T, H, D] over gathered key [B, Hkv, S, D] / val [B, Hkv, S, Dv] with the
-    step's causal mask -> [T, H, Dv] (padding tokens beyond num_actual_tokens are zero)."""
+    step's causal mask (narrowed to a sliding `window`) -> [T, H, Dv] (padding tokens beyond
+    num_actual_tokens are zero)."""
     n = md.inputs.num_actual_tokens
     decode = md.inputs.is_pure_decode  # one row per request: no padding needed
     if decode and _groups_as_rows(q, key):  # q as [B, Hkv, g, D]: g query rows per KV head
         b, hkv = key.shape[:2]
         out = F.scaled_dot_product_attention(
-            q[:n].view(b, hkv, -1, q.shape[-1]), key, val, attn_mask=md.attn_bias(q.dtype),
+            q[:n].view(b, hkv, -1, q.shape[-1]), key, val, attn_mask=md.attn_bias(q.dtype, window),
             scale=scale,
         ).reshape(n, q.shape[1], val.shape[-1])
         return with_padding_rows(out, q.shape[0])
     q_pad = q[:n].unsqueeze(1) if decode else _pad_queries(q[:n], md)
     out = F.scaled_dot_product_attention(
-        q_pad.transpose(1, 2), key, val, attn_mask=md.mask, scale=scale,
+        q_pad.transpose(1, 2), key, val, attn_mask=md.window_mask(window), scale=scale,
         enable_gqa=q.shape[1] != key.shape[1],
     ).transpose(1, 2)  # [B, Q, H, Dv]
     return with_padding_rows(out[:, 0] if decode else out[md.token_req, md.token_row],
                               q.shape[0])
+
+
+def _attend_exact(md: TorchAttentionMetadata, q: torch.Tensor, key: torch.Tensor,
+                  val: torch.Tensor, scale: float, window: int | None,
+                  sinks: torch.Tensor | None, softcap: float | None) -> torch.Tensor:
+    """_attend with the features SDPA lacks, spelled out as transformers' eager attention does:
+    scores = q.k * scale, soft-capped (softcap * tanh(s / softcap)), masked; each head's sink
+    logit joins the softmax as one more column (fp32) and is dropped before the values."""
+    n, h = md.inputs.num_actual_tokens, q.shape[1]
+    decode = md.inputs.is_pure_decode
+    q_pad = q[:n].unsqueeze(1) if decode else _pad_queries(q[:n], md)  # [B, Q, H, D]
+    group = h // key.shape[1]
+    key = key.repeat_interleave(group, dim=1).float()  # [B, H, S, D]
+    val = val.repeat_interleave(group, dim=1).float()
+    scores = q_pad.transpose(1, 2).float() @ key.transpose(-1, -2) * scale  # [B, H, Q, S]
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~md.window_mask(window), -torch.inf)
+    if sinks is not None:
+        sink = sinks.float().view(1, h, 1, 1).expand(*scores.shape[:3], 1)
+        scores = torch.cat((scores, sink), dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        probs = probs[..., :-1]
+    out = (probs @ val).to(q.dtype).transpose(1, 2)  # [B, Q, H, Dv]
+    return with_padding_rows(out[:, 0] if decode else out[md.token_req, md.token_row],
+                             q.shape[0])
 
 
 def _groups_as_rows(q: torch.Tensor, key: torch.Tensor) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lab.attention.base import AttentionInputs
+from lab.attention.base import AttentionInputs, build_step_metadata
 from lab.worker.ubatch import run_sequential, split_batch
 from lab.worker.ubatch_overlap import DualBatchOverlap
 
@@ -100,7 +100,7 @@ def run_history(model, backend, reqs: list[Req], tables, block_size: int, kv_cac
     done = [(Req(r.tokens, 0, r.computed), t) for r, t in zip(reqs, tables) if r.computed]
     if done:
         step = step_inputs([r for r, _ in done], [t for _, t in done], block_size, device)
-        model(step.input_ids, step.positions, kv_caches, backend.build_metadata(step.attn_inputs))
+        model(step.input_ids, step.positions, kv_caches, build_step_metadata(backend, step.attn_inputs))
 
 
 def make_cache(model, backend, num_blocks: int, block_size: int, dtype, device):
@@ -114,7 +114,7 @@ def forward_modes(model, backend, step: StepInputs, kv_caches, device, trace=Non
     overlap = DualBatchOverlap(device, trace)
     return {
         "single": lambda: model(step.input_ids, step.positions, kv_caches,
-                                backend.build_metadata(step.attn_inputs)),
+                                build_step_metadata(backend, step.attn_inputs)),
         "split": lambda: torch.cat(run_sequential(model, backend, ubatches, kv_caches)),
         "overlap": lambda: torch.cat(overlap.run(model, backend, ubatches, kv_caches)),
     }

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lab.attention.base import AttentionBackend
+from lab.attention.base import AttentionBackend, layer_metadata
 from lab.layers.ops import LazyImpl
 
 
@@ -92,14 +92,20 @@ def current_step() -> StepContext:
 
 @torch.library.custom_op("lab::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int,
-              scale: float) -> torch.Tensor:
-    """The step's backend.forward for layer `layer_idx` (writes its KV cache) -> [T, H, D]."""
+              scale: float, sliding_window: int | None = None,
+              sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+    """The step's backend.forward for layer `layer_idx` (writes its KV cache) -> [T, H, D];
+    the layer's attention features as the backend takes them (only those it uses)."""
     ctx = current_step()
-    return ctx.backend.forward(layer_idx, q, k, v, ctx.kv_caches[layer_idx], ctx.metadata, scale)
+    features = {name: value for name, value in (("sliding_window", sliding_window),
+                                                ("sinks", sinks), ("softcap", softcap))
+                if value is not None}
+    return ctx.backend.forward(layer_idx, q, k, v, ctx.kv_caches[layer_idx],
+                               layer_metadata(ctx.metadata, layer_idx), scale, **features)
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, layer_idx, scale):
+def _attention_fake(q, k, v, layer_idx, scale, sliding_window=None, sinks=None, softcap=None):
     return torch.empty_like(q)
 
 
@@ -112,7 +118,8 @@ def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor,
     ctx = current_step()
     mla = ctx.mla_layers[layer_idx].mla_weights()
     return ctx.backend.forward_mla(layer_idx, q_nope, q_pe, kv_c, k_pe,
-                                   ctx.kv_caches[layer_idx], ctx.metadata, mla, scale)
+                                   ctx.kv_caches[layer_idx],
+                                   layer_metadata(ctx.metadata, layer_idx), mla, scale)
 
 
 @mla_attention.register_fake
@@ -128,8 +135,8 @@ class OpaqueAttention:
         self.backend = backend
         self.name = f"opaque({backend.name})"
 
-    def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale):
-        return torch.ops.lab.attention(q, k, v, layer_idx, scale)
+    def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale, **features):
+        return torch.ops.lab.attention(q, k, v, layer_idx, scale, **features)
 
     def forward_mla(self, layer_idx, q_nope, q_pe, kv_c, k_pe, kv_cache, metadata, mla, scale):
         return torch.ops.lab.mla_attention(q_nope, q_pe, kv_c, k_pe, layer_idx,

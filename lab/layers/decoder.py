@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lab.attention.base import layer_metadata
 from lab.distributed.parallel_state import GroupCoordinator
 from lab.layers.activation import SiluAndMul
 from lab.layers.linear import MergedColumnParallelLinear, RowParallelLinear
@@ -80,6 +81,7 @@ class DecoderStack(nn.Module):
     def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
         h, residual = self.embed_tokens(input_ids), None
         for i, layer in enumerate(self.layers):
-            h, residual = layer(h, residual, positions, kv_caches[i], attn_metadata)
+            h, residual = layer(h, residual, positions, kv_caches[i],
+                                layer_metadata(attn_metadata, i))
         h, _ = self.norm(h, residual)
         return h

@@ -3,7 +3,7 @@ family, without torch, shared by the model classes and the simulator.
 
 An `ArchSpec` subclass per HF `architectures` name (the one lookup table maps the name to it:
 lab/models/registry.py) answers the config-only questions — the AttentionSpec of one of `tp_size`
-ranks, and the family's flags (lab/models/llama_arch.py, lab/models/deepseek_arch.py) — and names
+ranks (and of each layer: `layer_attention_specs`), and the family's flags (lab/models/llama_arch.py, lab/models/deepseek_arch.py) — and names
 the model class that runs it by import path, so that asking the questions imports no model code.
 The model class holds its spec (`CausalLM.arch_spec`) and builds its layers from the same answers.
 """
@@ -37,6 +37,16 @@ class ArchSpec(ABC):
         """The AttentionSpec of one of `tp_size` tensor-parallel ranks of a model with this HF
         config (no weights, no layers); ValueError naming the config field that does not
         divide."""
+
+
+    @classmethod
+    def layer_attention_specs(cls, hf_config, tp_size: int = 1) -> list[AttentionSpec]:
+        """Each decoder layer's AttentionSpec on one of `tp_size` ranks: what a layer asks of
+        attention (its sliding window, sinks, soft cap) and what groups its KV cache
+        (lab/cache/groups.py). Default: `attention_spec` for every one of num_hidden_layers;
+        a family with per-layer attention (Gemma, gpt-oss, Qwen2's layer_types) overrides it,
+        keeping one KV layout (heads, head_dim) for every layer."""
+        return [cls.attention_spec(hf_config, tp_size)] * hf_config.num_hidden_layers
 
 
 def check_tp_divisible(hf_config, tp_size: int, fields: tuple[str, ...]) -> None:

@@ -41,8 +41,11 @@ class CausalLM(nn.Module, ABC):
 
     #: what this model is from its config alone (the spec the architectures table maps to it)
     arch_spec: ClassVar[type[ArchSpec]]
-    #: the attention every layer of this model runs (one spec for all layers)
+    #: the KV layout every layer of this model shares (heads, head_dim, kind)
     attention_spec: AttentionSpec
+    #: each layer's spec: attention_spec plus what the layer asks of attention (its sliding
+    #: window, sinks, soft cap); the KV cache groups layers by it (lab/cache/groups.py)
+    layer_specs: list[AttentionSpec]
     #: the decoder layers that own a KV cache (one cache tensor each)
     num_layers: int
 
@@ -61,6 +64,7 @@ class CausalLM(nn.Module, ABC):
         self.tp = tp or GroupCoordinator.single()
         self.expert_parallel = expert_parallel
         self.attention_spec = self.arch_spec.attention_spec(hf_config, self.tp.world_size)
+        self.layer_specs = self.arch_spec.layer_attention_specs(hf_config, self.tp.world_size)
         self.num_layers = hf_config.num_hidden_layers
 
     @abstractmethod

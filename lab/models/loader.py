@@ -65,7 +65,8 @@ def load_model(
     hf_config = AutoConfig.from_pretrained(path)
     spec = arch_spec(hf_config)
     tp_size = tp.world_size if tp is not None else 1
-    attn_backend.check_supported(spec.attention_spec(hf_config, tp_size))
+    for layer_spec in set(spec.layer_attention_specs(hf_config, tp_size)):
+        attn_backend.check_supported(layer_spec)
     cls = spec.model_class()
     ops = ops or TorchOps()
     quant = quant or NoQuantConfig()

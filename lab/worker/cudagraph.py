@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lab.attention.base import AttentionBackend, CudaGraphSupport
+from lab.attention.base import AttentionBackend, CudaGraphSupport, build_step_metadata
 from lab.worker.buffers import InputBuffers
 from lab.worker.inputs import StepBatch, fill_padding, static_decode_inputs
 
@@ -112,13 +112,13 @@ class PaddedDecode:
             graph.graph.replay()
             return graph.hidden
         metadata = (self.static_metadata(batch.padded_size) if self.replay_metadata
-                    else self.backend.build_metadata(batch.attn_inputs))
+                    else build_step_metadata(self.backend, batch.attn_inputs))
         return self.model(batch.input_ids, batch.positions, kv_caches, metadata)
 
     def static_metadata(self, size: int) -> object:
         """The metadata of padded size `size`, built once over the static buffers."""
         if size not in self._metadata:
-            self._metadata[size] = self.backend.build_metadata(static_decode_inputs(
+            self._metadata[size] = build_step_metadata(self.backend, static_decode_inputs(
                 self.bufs, size, self.block_size, self.max_model_len, [1] * size))
         return self._metadata[size]
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
-from lab.attention.base import AttentionInputs
+from lab.attention.base import AttentionInputs, build_step_metadata
 
 if TYPE_CHECKING:
     from lab.worker.inputs import StepBatch
@@ -147,7 +147,7 @@ def split_batch(input_ids: torch.Tensor, positions: torch.Tensor,
 def run_sequential(model, attn_backend, ubatches: list[Ubatch],
                    kv_caches: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each micro-batch's hidden states, A first (its KV is in the cache before B reads it)."""
-    return [model(u.input_ids, u.positions, kv_caches, attn_backend.build_metadata(u.attn_inputs))
+    return [model(u.input_ids, u.positions, kv_caches, build_step_metadata(attn_backend, u.attn_inputs))
             for u in ubatches]
 
 
@@ -162,7 +162,7 @@ def run_model(model, attn_backend, batch: StepBatch, kv_caches: list[torch.Tenso
     inputs = batch.attn_inputs
     if getattr(batch, "padded_size", None) is not None or not should_split(inputs, cfg):
         return model(batch.input_ids, batch.positions, kv_caches,
-                     attn_backend.build_metadata(inputs))
+                     build_step_metadata(attn_backend, inputs))
     ubatches = split_batch(batch.input_ids, batch.positions, inputs)
     tp = getattr(model, "tp", None)
     if tp is None or tp.world_size == 1:

@@ -39,6 +39,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.distributed as dist
 
+from lab.attention.base import build_step_metadata
 from lab.distributed.parallel_state import GroupCoordinator
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -158,7 +159,7 @@ class DualBatchOverlap:
     def run(self, model, attn_backend, ubatches: list, kv_caches: list[torch.Tensor]
             ) -> list[torch.Tensor]:
         """Each micro-batch's hidden states (in order). Metadata is built here, up front."""
-        metadata = [attn_backend.build_metadata(u.attn_inputs) for u in ubatches]
+        metadata = [build_step_metadata(attn_backend, u.attn_inputs) for u in ubatches]
         turns = TakeTurns(len(ubatches))
         index: dict[int, int] = {}  # thread id -> micro-batch
         results: list = [None] * len(ubatches)
