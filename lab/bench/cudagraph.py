@@ -55,7 +55,7 @@ def decode_steps(worker: Worker, args, batch: int, tag: str) -> tuple[list[float
     ids = [f"{tag}{batch}-{i}" for i in range(batch)]
     vocab = worker.hf_config.vocab_size
     news = [NewRequestData(rid, torch.randint(3, vocab, (args.prompt_len,), generator=g).tolist(),
-                           p, list(range(1 + i * per_req, 1 + (i + 1) * per_req)), 0)
+                           p, (list(range(1 + i * per_req, 1 + (i + 1) * per_req)),), 0)
             for i, rid in enumerate(ids)]
     out = worker.execute_model(SchedulerOutput(
         scheduled_new_reqs=news, num_scheduled_tokens={r: args.prompt_len for r in ids},
@@ -63,7 +63,7 @@ def decode_steps(worker: Worker, args, batch: int, tag: str) -> tuple[list[float
     tokens, times = [[out.sampled_token_ids[r]] for r in ids], []
     for k in range(args.steps):
         sched = SchedulerOutput(
-            scheduled_cached_reqs=[CachedRequestData(r, [], args.prompt_len + k) for r in ids],
+            scheduled_cached_reqs=[CachedRequestData(r, ([],), args.prompt_len + k) for r in ids],
             num_scheduled_tokens={r: 1 for r in ids}, total_num_scheduled_tokens=batch)
         t0 = time.perf_counter()
         out = worker.execute_model(sched)

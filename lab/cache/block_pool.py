@@ -7,6 +7,10 @@ A block is in exactly one of three states:
 Block 0 is the null block: popped at start, never freed, cached or reference-counted.
 Which free block an allocation reuses is the eviction policy's choice (lab/cache/eviction.py;
 LRU, the free queue's head, by default).
+
+With several KV cache groups (lab/cache/groups.py) every block in use belongs to one group: the
+pool counts each group's blocks in use (`group_used`), and a cached block is keyed by its hash
+in its group (`group_key`), so a prefix hit is always a block of the group that looks it up.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from lab.cache.block import FreeKVCacheBlockQueue, KVCacheBlock
 from lab.cache.eviction import EvictionPolicy, LRUEviction
+from lab.cache.hashing import group_key
 
 if TYPE_CHECKING:
     from lab.core.request import Request
@@ -75,6 +80,7 @@ class BlockPool:
         self.eviction.bind(self.free_block_queue)
         self.total_evicted = 0  # cumulative number of cached blocks evicted
         self._evicted_since_take = 0
+        self.group_used: dict[int, int] = {}  # KV cache group -> its blocks with ref_cnt > 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -86,12 +92,18 @@ class BlockPool:
         total = self.num_blocks - 1
         return 1.0 - self.num_free_blocks / total if total > 0 else 0.0
 
-    def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
-        """A block cached under `block_hash` (in use or evictable), or None."""
-        return self.cached_block_hash_to_block.get_one_block(block_hash)
+    def get_cached_block(self, block_hash: bytes, group: int = 0) -> KVCacheBlock | None:
+        """A block of KV cache group `group` cached under `block_hash` (in use or evictable),
+        or None."""
+        return self.cached_block_hash_to_block.get_one_block(group_key(block_hash, group))
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Take `num_blocks` free blocks, the eviction policy's choice, evicting cached ones.
+    def _count_used(self, group: int, delta: int) -> None:
+        if delta:
+            self.group_used[group] = self.group_used.get(group, 0) + delta
+
+    def get_new_blocks(self, num_blocks: int, group: int = 0) -> list[KVCacheBlock]:
+        """Take `num_blocks` free blocks for KV cache group `group`, the eviction policy's
+        choice, evicting cached ones.
 
         Each returned block has ref_cnt 1 and no hash. Raises ValueError if too few are free.
         """
@@ -107,6 +119,7 @@ class BlockPool:
             self._maybe_evict_cached_block(block)
             assert block.ref_cnt == 0, block
             block.ref_cnt = 1
+        self._count_used(group, num_blocks)
         return blocks
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
@@ -120,19 +133,23 @@ class BlockPool:
         self._evicted_since_take += 1
         return True
 
-    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Take a reference on each block (prefix hits); an evictable hit leaves the free
-        queue."""
+    def touch(self, blocks: Sequence[KVCacheBlock], group: int = 0) -> None:
+        """Take a reference on each block (prefix hits of KV cache group `group`); an
+        evictable hit leaves the free queue."""
+        revived = 0
         for block in blocks:
             if block.is_null:
                 continue
             if block.ref_cnt == 0:
                 self.free_block_queue.remove(block)
+                revived += 1
             block.ref_cnt += 1
-        self.eviction.on_hit(blocks)
+        self._count_used(group, revived)
+        self.eviction.on_hit([b for b in blocks if not b.is_null])
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference on each block; those reaching 0 join the queue tail in order."""
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], group: int = 0) -> None:
+        """Drop one reference on each block (of KV cache group `group`); those reaching 0 join
+        the queue tail in order."""
         released: list[KVCacheBlock] = []
         for block in ordered_blocks:
             if block.is_null:
@@ -143,6 +160,7 @@ class BlockPool:
             if block.ref_cnt == 0:
                 released.append(block)
         self.free_block_queue.append_n(released)
+        self._count_used(group, -len(released))
         if released:
             self.eviction.on_freed(released)
 
@@ -152,8 +170,10 @@ class BlockPool:
         blocks: list[KVCacheBlock],
         num_cached_blocks: int,
         num_full_blocks: int,
+        group: int = 0,
     ) -> None:
-        """Hash blocks[num_cached_blocks:num_full_blocks] from request.block_hashes; map them.
+        """Hash blocks[num_cached_blocks:num_full_blocks] from request.block_hashes; map them
+        (under their KV cache group's keys; null blocks, a sliding window's, are skipped).
 
             | already cached | newly full: hash + insert | partial / not yet computed |
             0        num_cached_blocks          num_full_blocks                  len(blocks)
@@ -169,9 +189,9 @@ class BlockPool:
             block = blocks[i]
             if block.is_null:
                 continue
-            block_hash = request.block_hashes[i]
-            block.block_hash = block_hash
-            self.cached_block_hash_to_block.insert(block_hash, block)
+            key = group_key(request.block_hashes[i], group)
+            block.block_hash = key
+            self.cached_block_hash_to_block.insert(key, block)
 
     def uncache_block(self, block: KVCacheBlock) -> None:
         """Take a block's hash out of the prefix cache (its contents will not be computed)."""

@@ -72,3 +72,41 @@ class BlockTable:
             raise ValueError(f"position needs block {int(block_idx.max())} >= max blocks")
         block_ids = self.block_table[req_indices, block_idx].astype(np.int64)
         return block_ids * block_size + positions % block_size
+
+
+class GroupBlockTables:
+    """One BlockTable per KV cache group (lab/cache/groups.py), rows moved together: a request's
+    row holds its block ids in every group (the scheduler sends one list per group)."""
+
+    def __init__(self, num_groups: int, max_num_reqs: int, max_blocks_per_req: int) -> None:
+        if num_groups < 1:
+            raise ValueError(f"num_groups={num_groups} must be >= 1")
+        self.tables = [BlockTable(max_num_reqs, max_blocks_per_req) for _ in range(num_groups)]
+        self.max_blocks_per_req = max_blocks_per_req
+
+    def __getitem__(self, group: int) -> BlockTable:
+        return self.tables[group]
+
+    def __len__(self) -> int:
+        return len(self.tables)
+
+    def append_row(self, row: int, block_ids: Sequence[Sequence[int]]) -> None:
+        """Append each group's new block ids to `row`."""
+        self._check(block_ids)
+        for table, ids in zip(self.tables, block_ids):
+            table.append_row(row, ids)
+
+    def add_row(self, row: int, block_ids: Sequence[Sequence[int]]) -> None:
+        """Set `row` of each group to exactly its block ids."""
+        self._check(block_ids)
+        for table, ids in zip(self.tables, block_ids):
+            table.add_row(row, ids)
+
+    def clear_row(self, row: int) -> None:
+        for table in self.tables:
+            table.clear_row(row)
+
+    def _check(self, block_ids: Sequence[Sequence[int]]) -> None:
+        if len(block_ids) != len(self.tables):
+            raise ValueError(f"got block ids of {len(block_ids)} KV cache groups for a cache of "
+                             f"{len(self.tables)}")

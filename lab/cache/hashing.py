@@ -96,3 +96,10 @@ def make_block_hasher(
         return out
 
     return hasher
+
+
+def group_key(block_hash: bytes, group: int) -> bytes:
+    """The prefix-cache key of a block hash in KV cache group `group` (lab/cache/groups.py):
+    the hash itself for group 0, the hash tagged with the group otherwise. Each group caches
+    its own blocks of the same tokens (its layers' K and V), so a hit is always of its group."""
+    return block_hash if group == 0 else block_hash + b"g" + group.to_bytes(2, "big")

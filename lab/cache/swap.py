@@ -21,6 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+#: a swapped block's target in `SwapSpace.swap_in` when its request no longer needs it (it left a
+#: sliding window while the request was swapped out): neither copied nor reclaimed
+NOT_NEEDED = -1
+
 
 @dataclass
 class SwapStep:
@@ -45,6 +49,7 @@ class SwapSpace:
         self._free: list[int] = []
         self.req_to_blocks: dict[str, list[int]] = {}  # swapped-out requests
         self._pending_in: dict[str, list[int]] = {}  # swapped in this step; released at take_step
+        self._reclaimed: dict[str, int] = {}  # of those, blocks found cached on the device
         self._step = SwapStep()
 
     @property
@@ -76,26 +81,28 @@ class SwapSpace:
         self._step.swap_out.extend(zip(device_blocks, cpu))
         return True
 
-    def swap_in(self, request_id: str, device_blocks: list[int], skip: int = 0) -> None:
-        """Record the copies of the request's CPU blocks, but the first `skip` (still on the
-        device), into `device_blocks` (one per copied block). All its CPU blocks are released
-        at the end of the step."""
+    def swap_in(self, request_id: str, device_blocks: list[int | None]) -> None:
+        """Record the copies of the request's CPU blocks into `device_blocks` (one per CPU
+        block, in order; None: not copied, the block is still cached on the device (counted as
+        reclaimed); NOT_NEEDED: not copied either). All its CPU blocks are released at the end
+        of the step."""
         cpu = self.req_to_blocks[request_id]
-        if skip < 0 or len(device_blocks) != len(cpu) - skip:
+        if len(device_blocks) != len(cpu):
             raise ValueError(f"request {request_id} swapped {len(cpu)} blocks; got "
-                             f"{len(device_blocks)} device blocks to swap into after {skip}")
+                             f"{len(device_blocks)} device blocks to swap them into")
         del self.req_to_blocks[request_id]
         self._pending_in[request_id] = cpu
-        self._step.swap_in.extend(zip(cpu[skip:], device_blocks))
-        self._step.num_reclaimed += skip
+        self._step.swap_in.extend((c, d) for c, d in zip(cpu, device_blocks)
+                                  if d is not None and d != NOT_NEEDED)
+        self._reclaimed[request_id] = sum(d is None for d in device_blocks)
+        self._step.num_reclaimed += self._reclaimed[request_id]
 
     def undo_swap_in(self, request_id: str) -> None:
         """Take back this step's swap-in of the request: it stays swapped out."""
         cpu = self._pending_in.pop(request_id)
         dropped = set(cpu)
-        copied = [(c, d) for c, d in self._step.swap_in if c not in dropped]
-        self._step.num_reclaimed -= len(cpu) - (len(self._step.swap_in) - len(copied))
-        self._step.swap_in = copied
+        self._step.swap_in = [(c, d) for c, d in self._step.swap_in if c not in dropped]
+        self._step.num_reclaimed -= self._reclaimed.pop(request_id)
         self.req_to_blocks[request_id] = cpu
 
     def discard(self, request_id: str) -> int:
@@ -109,6 +116,7 @@ class SwapSpace:
         for cpu in self._pending_in.values():
             self._free.extend(cpu)
         self._pending_in.clear()
+        self._reclaimed.clear()
         step, self._step = self._step, SwapStep()
         return step
 

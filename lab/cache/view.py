@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 class RequestBlocks:
     """What one request holds in the device KV cache now.
 
-    num_blocks: device blocks it holds (0 when it holds none: waiting, preempted, swapped out).
+    num_blocks: device blocks it holds, over every KV cache group (0 when it holds none:
+        waiting, preempted, swapped out; a sliding window's null blocks are not counted).
     num_cached_blocks: of them, committed to the prefix cache (full of computed tokens, hashed):
         a recompute preemption leaves them cached, so a re-admission (or another request with
         the same prefix) can hit them until they are evicted.
@@ -72,7 +73,7 @@ class KVCacheView:
 
     def blocks_of(self, request: Request) -> RequestBlocks:
         """The blocks `request` holds now and how many of them are cached or shared."""
-        blocks = self._kv.req_to_blocks.get(request.request_id, ())
+        blocks = self._kv.held_blocks(request.request_id)
         return RequestBlocks(
             num_blocks=len(blocks),
             num_cached_blocks=sum(1 for b in blocks if b.block_hash is not None),

@@ -26,6 +26,8 @@ class WorkerConfig:
     kernels: Any  # LayerOps (lab/conf/kernels)
     quant: Any = None  # QuantConfig (lab/conf/quant); None = unquantized
     kv_cache_dtype: str = "auto"  # cache.dtype: auto (the model's) | fp8
+    # cache.hybrid: sliding-window layers get their own KV cache groups (lab/cache/groups.py)
+    kv_hybrid: bool = True
     # lab/conf/logits_processors: factories (Hydra partials) called with a LogitsProcessorContext
     logits_processors: tuple[Any, ...] = ()
     knobs: EngineKnobs = field(default_factory=EngineKnobs)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lab.cache.groups import KVCacheGroup
 
 
 @dataclass(frozen=True)
@@ -14,20 +17,23 @@ class ModelInfo:
     hf_config: Any  # transformers PretrainedConfig
     vocab_size: int
     eos_token_id: int | None
-    bytes_per_block: int  # KV bytes of one block over all layers (in the cache's dtype)
+    bytes_per_block: int  # KV bytes of one block: its page in every KV tensor (cache dtype)
     weight_bytes: int  # parameters after quantization
     tokenizer_path: Path | None  # a directory with the tokenizer; None: token ids only
     # its Triton kernels run in Triton's interpreter (no CUDA): slow, so workloads shrink
     triton_interpreted: bool = False
+    # the model's KV cache groups (lab/cache/groups.py); () stands for one full-attention group
+    kv_groups: tuple[KVCacheGroup, ...] = ()
 
     @classmethod
     def of(cls, hf_config: Any, bytes_per_block: int, weight_bytes: int,
-           tokenizer_path: Path | str | None, triton_interpreted: bool = False) -> ModelInfo:
+           tokenizer_path: Path | str | None, triton_interpreted: bool = False,
+           kv_groups: tuple[KVCacheGroup, ...] = ()) -> ModelInfo:
         """Vocabulary and EOS (the first of a list) read from the HF config."""
         eos = eos_token_ids(hf_config)
         return cls(hf_config, hf_config.vocab_size, eos[0] if eos else None, bytes_per_block,
                    weight_bytes, None if tokenizer_path is None else Path(tokenizer_path),
-                   triton_interpreted)
+                   triton_interpreted, tuple(kv_groups))
 
 
 def eos_token_ids(hf_config: Any) -> list[int]:

@@ -42,6 +42,10 @@ class StepStats:
     prefix_cache_queries: int = 0  # tokens looked up this step
     prefix_cache_hits: int = 0  # tokens found this step
     num_evicted_blocks: int = 0
+    # per KV cache group (one for most models; a hybrid model's full-attention groups first):
+    # its blocks in use after the step (lab/cache/groups.py)
+    kv_blocks_used_per_group: list[int] = field(default_factory=list)
+    num_window_freed_blocks: int = 0  # this step: blocks freed as they left a sliding window
     swap_out_blocks: int = 0
     swap_in_blocks: int = 0
     swap_out_bytes: int = 0

@@ -15,7 +15,7 @@ class NewRequestData:
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]
+    block_ids: tuple[list[int], ...]  # one list per KV cache group (lab/cache/groups.py)
     num_computed_tokens: int
 
 
@@ -27,7 +27,7 @@ class CachedRequestData:
     """
 
     req_id: str
-    new_block_ids: list[int]
+    new_block_ids: tuple[list[int], ...]  # one list per KV cache group
     num_computed_tokens: int
     resumed_from_preemption: bool = False
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from lab.cache.groups import KVCacheGroup, request_capacity
 from lab.cache.hashing import make_block_hasher
 from lab.config.knobs import EngineKnobs
 from lab.config.validate import check_components
@@ -31,9 +32,10 @@ def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
     info = executor.model_info()
     num_blocks = executor.determine_num_blocks(knobs)
     max_model_len = resolve_max_model_len(
-        knobs.max_model_len, info.hf_config, num_blocks, knobs.block_size)
+        knobs.max_model_len, info.hf_config, num_blocks, knobs.block_size, info.kv_groups,
+        knobs.max_num_batched_tokens)
     kv = instantiate(cfg.cache)(num_blocks=num_blocks, max_model_len=max_model_len,
-                                bytes_per_block=info.bytes_per_block)
+                                bytes_per_block=info.bytes_per_block, groups=info.kv_groups)
     config = SchedulerConfig(knobs.max_num_seqs, knobs.max_num_batched_tokens, max_model_len,
                              knobs.long_prefill_token_threshold)
     scheduler_cls = AsyncScheduler if knobs.async_scheduling else Scheduler
@@ -73,7 +75,7 @@ def worker_config(cfg: DictConfig) -> WorkerConfig:
     return WorkerConfig(
         model_path=instantiate(cfg.model).path(), attention=option_spec(cfg.attention),
         kernels=option_spec(cfg.kernels), quant=option_spec(cfg.quant),
-        kv_cache_dtype=cfg.cache.get("dtype", "auto"),
+        kv_cache_dtype=cfg.cache.get("dtype", "auto"), kv_hybrid=cfg.cache.get("hybrid", True),
         logits_processors=tuple(option_spec(c) for c in (cfg.get("logits_processors") or {}).values()),
         knobs=EngineKnobs.of(cfg))
 
@@ -101,10 +103,15 @@ def num_swap_blocks(scheduler: Scheduler) -> int:
     return n
 
 
-def resolve_max_model_len(knob: int | None, hf_config, num_blocks: int, block_size: int) -> int:
-    """The model's context limit, capped by what the KV cache can hold for one request."""
+def resolve_max_model_len(knob: int | None, hf_config, num_blocks: int, block_size: int,
+                          groups: tuple[KVCacheGroup, ...] = (),
+                          max_step_tokens: int | None = None) -> int:
+    """The model's context limit, capped by what the KV cache can hold for one request (in
+    every KV cache group at once: lab/cache/groups.py; a step computing at most
+    `max_step_tokens` tokens)."""
     model_max = model_context_limit(hf_config)
-    capacity = (num_blocks - 1) * block_size
+    capacity = request_capacity(groups, num_blocks - 1, block_size,
+                                max_step_tokens or model_max, model_max)
     if knob is None:
         return min(model_max, capacity)
     if knob > model_max:

@@ -261,6 +261,8 @@ class EngineCore(AsyncSteps):
             prefix_cache_queries=kv.prefix.queries,
             prefix_cache_hits=kv.prefix.hits,
             num_evicted_blocks=kv.num_evicted_blocks,
+            kv_blocks_used_per_group=list(kv.group_used_blocks),
+            num_window_freed_blocks=kv.num_window_freed_blocks,
             swap_out_blocks=ev.swap_out_blocks,
             swap_in_blocks=ev.swap_in_blocks,
             swap_out_bytes=ev.swap_out_blocks * kv.bytes_per_block,

@@ -67,6 +67,7 @@ class RunSummary:
     num_preemptions: int = 0
     preempted_by_strategy: dict[str, int] = field(default_factory=dict)
     num_evicted_blocks: int = 0
+    num_window_freed_blocks: int = 0  # blocks freed as they left a sliding window
     swap_out_blocks: int = 0
     swap_in_blocks: int = 0
     swap_out_bytes: int = 0
@@ -202,6 +203,7 @@ def _fill_steps(
         by_strategy.update(st.preempted_by_strategy)
     s.preempted_by_strategy = dict(by_strategy)
     s.num_evicted_blocks = sum(st.num_evicted_blocks for st in steps)
+    s.num_window_freed_blocks = sum(st.num_window_freed_blocks for st in steps)
     s.swap_out_blocks = sum(st.swap_out_blocks for st in steps)
     s.swap_in_blocks = sum(st.swap_in_blocks for st in steps)
     s.swap_out_bytes = sum(st.swap_out_bytes for st in steps)

@@ -53,7 +53,8 @@ GAUGES = frozenset({"step", "time", "num_running_reqs", "num_waiting_reqs", "num
 KV_FIELDS = frozenset({"kv_cache_usage", "kv_blocks_used", "kv_blocks_total",
                        "prefix_cache_queries", "prefix_cache_hits", "num_evicted_blocks",
                        "swap_out_blocks", "swap_in_blocks", "swap_out_bytes", "swap_in_bytes",
-                       "num_swap_fallbacks"})
+                       "num_swap_fallbacks", "kv_blocks_used_per_group",
+                       "num_window_freed_blocks"})
 LATENCIES = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2e_latency"}
 
 
@@ -117,6 +118,9 @@ def wandb_step_record(record: dict[str, Any]) -> dict[str, float]:
         if isinstance(value, dict):
             for k, v in value.items():
                 out[f"{section}/{key}/{k}"] = v
+        elif key == "kv_blocks_used_per_group":  # a state per KV cache group: the last step's
+            for group, v in enumerate(value):
+                out[f"{section}/{key}/{group}"] = v
         elif isinstance(value, int | float) and not isinstance(value, bool):
             out[f"{section}/{key}"] = value
     return out

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from lab.attention.base import AttentionBackend
+from lab.attention.spec import AttentionSpec
 from lab.distributed.parallel_state import GroupCoordinator
 from lab.layers.decoder import DecoderStack, GatedMLP, PreNormDecoderLayer, check_silu
 from lab.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -64,6 +65,7 @@ class LlamaAttention(nn.Module):
     def __init__(
         self, cfg, arch: LlamaArch, layer_idx: int, backend: AttentionBackend,
         rotary_emb: RotaryEmbedding, ops: LayerOps, tp: GroupCoordinator,
+        layer_spec: AttentionSpec,
     ):
         super().__init__()
         self.layer_idx = layer_idx
@@ -79,13 +81,16 @@ class LlamaAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops=ops)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops=ops)
         self.qk_norm = arch.qk_norm
+        window = layer_spec.sliding_window
+        self.features = {} if window is None else {"sliding_window": window}
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor, kv_cache, metadata) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(h))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
-        out = self.backend.forward(self.layer_idx, q, k, v, kv_cache, metadata, self.scale)
+        out = self.backend.forward(self.layer_idx, q, k, v, kv_cache, metadata, self.scale,
+                                   **self.features)
         return self.o_proj(out.reshape(out.shape[0], -1))
 
 
@@ -95,9 +100,11 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
     def __init__(
         self, cfg, arch: LlamaArch, layer_idx: int, backend: AttentionBackend,
         rotary_emb: RotaryEmbedding, ops: LayerOps, tp: GroupCoordinator,
+        layer_spec: AttentionSpec,
     ):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, arch, layer_idx, backend, rotary_emb, ops, tp)
+        self.self_attn = LlamaAttention(cfg, arch, layer_idx, backend, rotary_emb, ops, tp,
+                                        layer_spec)
         check_silu(cfg)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ops, arch.mlp_bias, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
@@ -109,12 +116,12 @@ class LlamaModel(DecoderStack):
     """Embedding, decoder layers, final norm (HF's `model.` prefix)."""
 
     def __init__(self, cfg, arch: LlamaArch, backend: AttentionBackend, ops: LayerOps,
-                 tp: GroupCoordinator):
+                 tp: GroupCoordinator, layer_specs: list[AttentionSpec]):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp=tp)
         self.rotary_emb = RotaryEmbedding.from_hf_config(cfg, head_dim_of(cfg), ops=ops)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, arch, i, backend, self.rotary_emb, ops, tp)
+            LlamaDecoderLayer(cfg, arch, i, backend, self.rotary_emb, ops, tp, layer_specs[i])
             for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
@@ -134,7 +141,8 @@ class LlamaForCausalLM(CausalLM):
         cfg = hf_config
         check_tp_divisible(cfg, self.tp.world_size, ("intermediate_size",))
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.model = LlamaModel(cfg, self.arch_spec.arch(cfg), attn_backend, self.ops, self.tp)
+        self.model = LlamaModel(cfg, self.arch_spec.arch(cfg), attn_backend, self.ops, self.tp,
+                                self.layer_specs)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp=self.tp)
         if self.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lab.cache.block import KVCacheBlock
+from lab.cache.coordinator import GroupBlocks
 from lab.cache.manager import KVCacheManager
 from lab.core.request import Request, RequestStatus
 from lab.scheduler.queues import RequestQueue
@@ -18,7 +18,7 @@ class Admission:
     """Blocks given to a waiting request for its first chunk of `num_new_tokens` tokens, after
     `num_hit_tokens` found in the prefix cache (added to its computed tokens on admission)."""
 
-    blocks: list[KVCacheBlock]
+    blocks: GroupBlocks  # the new blocks of each KV cache group
     num_hit_tokens: int
     num_new_tokens: int
 
@@ -126,7 +126,8 @@ class ReservePreemption(RecomputePreemption):
     """Admission control instead of preemption (the mini-sglang policy): a request is admitted
     only when the free blocks cover its whole future (prompt + max_tokens, capped by
     max_model_len) on top of what every running request may still need, so a running request
-    never lacks a block and preemption never happens. Prefix hits are not credited (conservative).
+    never lacks a block and preemption never happens. Prefix hits, and the blocks a sliding
+    window frees, are not credited (conservative).
     The baseline the preempting strategies are compared with."""
 
     name = "reserve"
@@ -140,4 +141,4 @@ class ReservePreemption(RecomputePreemption):
     def _future_blocks(request: Request, kv: KVCacheManager) -> int:
         total = request.num_prompt_tokens + request.sampling_params.max_tokens
         need = -(-min(total, kv.max_model_len) // kv.block_size)
-        return max(0, need - len(kv.get_block_ids(request.request_id)))
+        return kv.num_groups * max(0, need - kv.num_block_positions(request.request_id))

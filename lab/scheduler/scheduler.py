@@ -51,7 +51,7 @@ class _StepPlan:
 
     budget: int
     num_tokens: dict[str, int] = field(default_factory=dict)
-    new_blocks: dict[str, list[int]] = field(default_factory=dict)
+    new_blocks: dict[str, tuple[list[int], ...]] = field(default_factory=dict)  # per KV group
     new_reqs: list[Request] = field(default_factory=list)
     resumed: set[str] = field(default_factory=set)
     preempted: list[Request] = field(default_factory=list)
@@ -224,7 +224,8 @@ class Scheduler(StepRecovery):
             if blocks is None:  # the request preempted itself
                 break
             plan.num_tokens[req.request_id] = n
-            plan.new_blocks[req.request_id] = [b.block_id for b in blocks]
+            plan.new_blocks[req.request_id] = tuple([b.block_id for b in group]
+                                                    for group in blocks)
             plan.budget -= n
             # victims may sit before this request: find it again only after a preemption
             i = i + 1 if len(self.running) == before else self.running.index(req) + 1

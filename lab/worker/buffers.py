@@ -67,10 +67,14 @@ class InputBuffers:
         seq_lens, num_computed               [max_num_reqs]     int32
         block_table (flat: rows of `width`)  [max_num_reqs * max_blocks] int32
         logits_indices                       [max_num_reqs]     int64
+
+    With several KV cache groups (lab/cache/groups.py), `block_tables` and `slot_mappings` hold
+    one buffer per group (group 0's are `block_table` and `slot_mapping`).
     """
 
     def __init__(self, max_num_reqs: int, max_num_tokens: int, max_blocks: int,
-                 device: torch.device, pin: bool = False, share: bool | None = None) -> None:
+                 device: torch.device, pin: bool = False, share: bool | None = None,
+                 num_groups: int = 1) -> None:
         def buf(n: int, dtype: torch.dtype) -> CpuGpuBuffer:
             return CpuGpuBuffer(n, dtype=dtype, device=device, pin=pin, share=share)
 
@@ -83,6 +87,10 @@ class InputBuffers:
         self.seq_lens = buf(max_num_reqs, torch.int32)
         self.num_computed = buf(max_num_reqs, torch.int32)
         self.block_table = buf(max_num_reqs * max_blocks, torch.int32)
+        self.block_tables = [self.block_table] + [buf(max_num_reqs * max_blocks, torch.int32)
+                                                  for _ in range(num_groups - 1)]
+        self.slot_mappings = [self.slot_mapping] + [buf(max_num_tokens, torch.int64)
+                                                    for _ in range(num_groups - 1)]
         self.logits_indices = buf(max_num_reqs, torch.int64)
         self.fence = CopyFence(device)
 
@@ -94,9 +102,10 @@ class InputBuffers:
                 f"buffers ({self.max_num_tokens} tokens = max_num_batched_tokens, "
                 f"{self.max_num_reqs} requests = max_num_seqs)")
 
-    def table(self, num_reqs: int, width: int) -> np.ndarray:
-        """The host block table of this step: [num_reqs, width] over the flat buffer."""
-        return self.block_table.np[: num_reqs * width].reshape(num_reqs, width)
+    def table(self, num_reqs: int, width: int, group: int = 0) -> np.ndarray:
+        """The host block table of this step (of a KV cache group): [num_reqs, width] over the
+        flat buffer."""
+        return self.block_tables[group].np[: num_reqs * width].reshape(num_reqs, width)
 
-    def table_to_device(self, num_reqs: int, width: int) -> torch.Tensor:
-        return self.block_table.to_device(num_reqs * width).view(num_reqs, width)
+    def table_to_device(self, num_reqs: int, width: int, group: int = 0) -> torch.Tensor:
+        return self.block_tables[group].to_device(num_reqs * width).view(num_reqs, width)

@@ -86,12 +86,14 @@ class PaddedDecode:
 
     def __init__(self, sizes: Sequence[int], model: torch.nn.Module, backend: AttentionBackend,
                  bufs: InputBuffers, block_size: int, max_model_len: int,
-                 device: torch.device) -> None:
+                 device: torch.device, layer_groups: tuple[int, ...] = ()) -> None:
+        """`layer_groups`: each layer's KV cache group (a hybrid cache; () for one group)."""
         self.sizes = sorted(sizes)
         if not self.sizes or self.sizes[-1] > bufs.max_num_reqs:
             raise ValueError(f"capture sizes {self.sizes} must be 1..{bufs.max_num_reqs}")
         self.model, self.backend, self.bufs = model, backend, bufs
         self.block_size, self.max_model_len, self.device = block_size, max_model_len, device
+        self.layer_groups = layer_groups
         self.graphs: dict[int, _Graph] = {}
         self.replay_metadata = False  # eager runs reuse each size's first metadata (tests)
         self._metadata: dict[int, object] = {}
@@ -119,7 +121,8 @@ class PaddedDecode:
         """The metadata of padded size `size`, built once over the static buffers."""
         if size not in self._metadata:
             self._metadata[size] = build_step_metadata(self.backend, static_decode_inputs(
-                self.bufs, size, self.block_size, self.max_model_len, [1] * size))
+                self.bufs, size, self.block_size, self.max_model_len, [1] * size,
+                self.layer_groups))
         return self._metadata[size]
 
     @torch.inference_mode()

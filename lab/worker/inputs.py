@@ -24,6 +24,10 @@ B..P-1 are padding requests that write slot 0 of the null block 0 and read only 
 
 Its AttentionInputs are views of the buffers' first P rows (the block table at its full width,
 max_seq_len = max_model_len): what a captured graph reads at every replay.
+
+A hybrid KV cache (several KV cache groups, lab/cache/groups.py) has a block table and a slot
+mapping per group, computed alike; AttentionInputs carries them all (`group_tables`, with each
+layer's group) and the backend builds one metadata per group (build_step_metadata).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import numpy as np
 import torch
 
 from lab.attention.base import AttentionInputs, KVScales
-from lab.cache.block_table import BlockTable
+from lab.cache.block_table import GroupBlockTables
 from lab.worker.buffers import InputBuffers
 
 
@@ -106,10 +110,11 @@ class StepBatch:
 
 
 def prepare_inputs(
-    batch: BatchRows, token_ids: np.ndarray, block_table: BlockTable, block_size: int,
+    batch: BatchRows, token_ids: np.ndarray, block_table: GroupBlockTables, block_size: int,
     max_model_len: int, bufs: InputBuffers, kv_scales: KVScales | None = None,
+    layer_groups: tuple[int, ...] = (),
 ) -> StepBatch:
-    """Build the step's flat input ids, positions, slot mapping and attention inputs (which
+    """Build the step's flat input ids, positions, slot mappings and attention inputs (which
     carry the cache's fp8 `kv_scales`, if any, to the backend)."""
     n = batch.num_scheduled
     num_reqs = len(n)
@@ -125,20 +130,24 @@ def prepare_inputs(
         token_rows = batch.rows[req_idx]
     bufs.input_ids.np[:total] = token_ids[token_rows, positions]
     bufs.positions.np[:total] = positions
-    bufs.slot_mapping.np[:total] = block_table.compute_slot_mapping(token_rows, positions,
-                                                                    block_size)
     seq_lens = batch.num_computed + n
     max_seq_len = int(seq_lens.max())
     width = -(-max_seq_len // block_size)
-    bufs.table(num_reqs, width)[:] = block_table.block_table[batch.rows, :width]
+    tables = []
+    for g, table in enumerate(block_table.tables):
+        bufs.slot_mappings[g].np[:total] = table.compute_slot_mapping(token_rows, positions,
+                                                                      block_size)
+        bufs.table(num_reqs, width, g)[:] = table.block_table[batch.rows, :width]
+        tables.append((bufs.table_to_device(num_reqs, width, g),
+                       bufs.slot_mappings[g].to_device(total)))
     _fill_request_rows(bufs, cu, seq_lens, batch.num_computed)
     bufs.logits_indices.np[:num_reqs] = cu - 1
     attn = AttentionInputs(
         query_start_loc=bufs.query_start_loc.to_device(num_reqs + 1),
         seq_lens=bufs.seq_lens.to_device(num_reqs),
         num_computed_tokens=bufs.num_computed.to_device(num_reqs),
-        block_table=bufs.table_to_device(num_reqs, width),
-        slot_mapping=bufs.slot_mapping.to_device(total),
+        block_table=tables[0][0],
+        slot_mapping=tables[0][1],
         num_reqs=num_reqs,
         num_actual_tokens=total,
         max_query_len=int(n.max()),
@@ -148,6 +157,7 @@ def prepare_inputs(
         seq_lens_cpu=seq_lens.tolist(),
         max_model_len=max_model_len,
         kv_scales=kv_scales,
+        **_groups(tables, layer_groups),
     )
     return StepBatch(
         input_ids=bufs.input_ids.to_device(total),
@@ -157,6 +167,15 @@ def prepare_inputs(
         sampled=seq_lens >= batch.num_tokens,
         token_starts=starts,
     )
+
+
+def _groups(tables: list[tuple[torch.Tensor, torch.Tensor]], layer_groups: tuple[int, ...]
+            ) -> dict:
+    """AttentionInputs' group fields: every group's (block table, slot mapping) and each
+    layer's group when there are several groups; none for one."""
+    if len(tables) == 1:
+        return {}
+    return dict(group_tables=tuple(tables), layer_groups=tuple(layer_groups))
 
 
 def _fill_request_rows(bufs: InputBuffers, cu: np.ndarray, seq_lens: np.ndarray,
@@ -170,8 +189,8 @@ def _fill_request_rows(bufs: InputBuffers, cu: np.ndarray, seq_lens: np.ndarray,
 
 
 def prepare_padded_decode(
-    batch: BatchRows, token_ids: np.ndarray, block_table: BlockTable, block_size: int,
-    max_model_len: int, bufs: InputBuffers, size: int,
+    batch: BatchRows, token_ids: np.ndarray, block_table: GroupBlockTables, block_size: int,
+    max_model_len: int, bufs: InputBuffers, size: int, layer_groups: tuple[int, ...] = (),
 ) -> StepBatch:
     """A uniform decode batch of B requests padded to `size` rows of the static buffers (module
     docstring); the returned StepBatch's tensors are views of the buffers' first `size` rows."""
@@ -181,10 +200,11 @@ def prepare_padded_decode(
                          f"<= {bufs.max_num_reqs}")
     bufs.input_ids.np[:b] = token_ids[rows, pos]
     bufs.positions.np[:b] = pos
-    bufs.slot_mapping.np[:b] = block_table.compute_slot_mapping(rows, pos, block_size)
+    for g, table in enumerate(block_table.tables):
+        bufs.slot_mappings[g].np[:b] = table.compute_slot_mapping(rows, pos, block_size)
+        bufs.table(size, bufs.max_blocks, g)[:b] = table.block_table[rows]
     bufs.seq_lens.np[:b] = pos + 1
     bufs.num_computed.np[:b] = pos
-    bufs.table(size, bufs.max_blocks)[:b] = block_table.block_table[rows]
     _write_padding(bufs, b, size)
     _copy_static(bufs, size)
     bufs.logits_indices.np[:b] = np.arange(b)
@@ -192,7 +212,8 @@ def prepare_padded_decode(
     return StepBatch(
         input_ids=bufs.input_ids.gpu[:size],
         positions=bufs.positions.gpu[:size],
-        attn_inputs=static_decode_inputs(bufs, size, block_size, max_model_len, seq_lens_cpu),
+        attn_inputs=static_decode_inputs(bufs, size, block_size, max_model_len, seq_lens_cpu,
+                                         layer_groups),
         logits_indices=bufs.logits_indices.to_device(b),
         sampled=pos + 1 >= batch.num_tokens,
         token_starts=np.arange(b),
@@ -209,33 +230,38 @@ def fill_padding(bufs: InputBuffers, size: int) -> None:
 def _write_padding(bufs: InputBuffers, start: int, size: int) -> None:
     """Host rows start..size-1 as padding requests (module docstring); query_start_loc of all
     `size` rows (one token each)."""
-    for buf, pad in ((bufs.input_ids, 0), (bufs.positions, 0), (bufs.slot_mapping, 0),
-                     (bufs.seq_lens, 1), (bufs.num_computed, 0)):
+    for buf, pad in ((bufs.input_ids, 0), (bufs.positions, 0), (bufs.seq_lens, 1),
+                     (bufs.num_computed, 0), *((slots, 0) for slots in bufs.slot_mappings)):
         buf.np[start:size] = pad
-    bufs.table(size, bufs.max_blocks)[start:] = 0
+    for g in range(len(bufs.block_tables)):
+        bufs.table(size, bufs.max_blocks, g)[start:] = 0
     bufs.query_start_loc.np[: size + 1] = np.arange(size + 1)
 
 
 def _copy_static(bufs: InputBuffers, size: int) -> None:
     """The first `size` rows of the static buffers to the device."""
-    for buf in (bufs.input_ids, bufs.positions, bufs.slot_mapping, bufs.seq_lens,
-                bufs.num_computed):
+    for buf in (bufs.input_ids, bufs.positions, bufs.seq_lens, bufs.num_computed,
+                *bufs.slot_mappings):
         buf.to_device(size)
     bufs.query_start_loc.to_device(size + 1)
-    bufs.block_table.to_device(size * bufs.max_blocks)
+    for table in bufs.block_tables:
+        table.to_device(size * bufs.max_blocks)
 
 
 def static_decode_inputs(bufs: InputBuffers, size: int, block_size: int, max_model_len: int,
-                         seq_lens_cpu: list[int]) -> AttentionInputs:
+                         seq_lens_cpu: list[int], layer_groups: tuple[int, ...] = ()
+                         ) -> AttentionInputs:
     """The AttentionInputs of a padded decode of `size` rows: views of the device buffers (the
     host copies are those of the batch it is built for: a graph-safe backend never reads
     them)."""
+    tables = [(table.gpu[: size * bufs.max_blocks].view(size, bufs.max_blocks), slots.gpu[:size])
+              for table, slots in zip(bufs.block_tables, bufs.slot_mappings)]
     return AttentionInputs(
         query_start_loc=bufs.query_start_loc.gpu[: size + 1],
         seq_lens=bufs.seq_lens.gpu[:size],
         num_computed_tokens=bufs.num_computed.gpu[:size],
-        block_table=bufs.block_table.gpu[: size * bufs.max_blocks].view(size, bufs.max_blocks),
-        slot_mapping=bufs.slot_mapping.gpu[:size],
+        block_table=tables[0][0],
+        slot_mapping=tables[0][1],
         num_reqs=size,
         num_actual_tokens=size,
         max_query_len=1,
@@ -244,4 +270,5 @@ def static_decode_inputs(bufs: InputBuffers, size: int, block_size: int, max_mod
         query_lens_cpu=[1] * size,
         seq_lens_cpu=seq_lens_cpu,
         max_model_len=max_model_len,
+        **_groups(tables, layer_groups),
     )

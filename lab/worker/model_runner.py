@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from lab.attention.base import AttentionBackend, KVCache, KVScales
-from lab.cache.block_table import BlockTable
+from lab.cache.block_table import GroupBlockTables
 from lab.config.knobs import EngineKnobs
 from lab.core.logprobs import LogprobsLists
 from lab.core.step import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
@@ -70,6 +70,7 @@ class ModelRunner:
         logits_processors: Sequence[LogitsProcessor] = (), tp: GroupCoordinator | None = None,
         max_num_tokens: int | None = None, cudagraph_sizes: Sequence[int] = (),
         ubatch: UbatchKnobs | None = None, ops: LayerOps | None = None,
+        layer_groups: Sequence[int] | None = None,
     ) -> None:
         """`max_num_tokens`: the most tokens of one step (max_num_batched_tokens; None:
         max_model_len); `cudagraph_sizes`: the decode sizes to pad to (resolved already,
@@ -85,7 +86,10 @@ class ModelRunner:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.token_ids = np.zeros((max_num_reqs, max_model_len + 1), dtype=np.int64)
-        self.block_table = BlockTable(max_num_reqs, -(-max_model_len // block_size))
+        self.layer_groups = tuple(layer_groups or ())
+        num_groups = max(self.layer_groups, default=0) + 1
+        self.block_table = GroupBlockTables(num_groups, max_num_reqs,
+                                            -(-max_model_len // block_size))
         self.free_rows = list(range(max_num_reqs - 1, -1, -1))
         self.states: dict[str, CachedRequestState] = {}
         pin = device.type == "cuda"
@@ -96,7 +100,8 @@ class ModelRunner:
                                      [self.rows, self.sampling_rows, self.row_states])
         self.buffers = InputBuffers(max_num_reqs, max(max_num_tokens or max_model_len,
                                                       max_num_reqs),
-                                    self.block_table.max_blocks_per_req, device, pin)
+                                    self.block_table.max_blocks_per_req, device, pin,
+                                    num_groups=num_groups)
         self.cudagraph_sizes = tuple(cudagraph_sizes)
         self.ubatch = ubatch or EngineKnobs()  # the declared defaults: micro-batching off
         self.padded: PaddedDecode | None = None
@@ -120,7 +125,8 @@ class ModelRunner:
                 self.attn_backend, self.device, self.tp.world_size, self.kv_scales is not None):
             return None
         return PaddedDecode(self.cudagraph_sizes, self.model, self.attn_backend, self.buffers,
-                            self.block_size, self.max_model_len, self.device)
+                            self.block_size, self.max_model_len, self.device,
+                            self.layer_groups)
 
     def capture_graphs(self) -> int:
         """Capture the padded decode's CUDA graphs (CUDA only); how many were captured."""
@@ -162,9 +168,11 @@ class ModelRunner:
                 if self.padded is not None and rows.is_uniform_decode else None)
         if size is not None:
             return prepare_padded_decode(rows, self.token_ids, self.block_table, self.block_size,
-                                         self.max_model_len, self.buffers, size)
+                                         self.max_model_len, self.buffers, size,
+                                         self.layer_groups)
         return prepare_inputs(rows, self.token_ids, self.block_table, self.block_size,
-                              self.max_model_len, self.buffers, self.kv_scales)
+                              self.max_model_len, self.buffers, self.kv_scales,
+                              self.layer_groups)
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
         """The step's hidden states (a padded decode: P rows, the first num_reqs real)."""
@@ -245,7 +253,7 @@ class ModelRunner:
         for cached in sched.scheduled_cached_reqs:  # the hot loop: one per running request
             state = states[cached.req_id]
             state.num_computed = cached.num_computed_tokens
-            if cached.resumed_from_preemption or cached.new_block_ids:
+            if cached.resumed_from_preemption or any(cached.new_block_ids):
                 self._update_blocks(state, cached)
             i = index.get(cached.req_id)
             if i is not None:  # in the batch: the scheduler's count is the truth
@@ -302,7 +310,7 @@ class ModelRunner:
         else:
             self.block_table.append_row(state.row, cached.new_block_ids)
 
-    def _take_row(self, state: CachedRequestState, block_ids: list[int]) -> None:
+    def _take_row(self, state: CachedRequestState, block_ids: tuple[list[int], ...]) -> None:
         state.row = self.free_rows.pop()
         tokens = state.all_token_ids
         self.token_ids[state.row, : len(tokens)] = tokens

@@ -115,6 +115,7 @@ def slice_attention_inputs(inputs: AttentionInputs, part: UbatchSlice) -> Attent
     computed = (seq - qlens)[r0:r1] + (lo - cu[r0:r1])
     seq_lens = computed + query
     device = inputs.query_start_loc.device
+    tokens = slice(t0, None if t1 == inputs.num_actual_tokens else t1)
 
     def dev(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a.astype(np.int32)).to(device, non_blocking=True)
@@ -125,7 +126,8 @@ def slice_attention_inputs(inputs: AttentionInputs, part: UbatchSlice) -> Attent
         seq_lens=dev(seq_lens),
         num_computed_tokens=dev(computed),
         block_table=inputs.block_table[r0:r1],
-        slot_mapping=inputs.slot_mapping[t0 : None if t1 == inputs.num_actual_tokens else t1],
+        slot_mapping=inputs.slot_mapping[tokens],
+        group_tables=tuple((table[r0:r1], slots[tokens]) for table, slots in inputs.group_tables),
         num_reqs=r1 - r0,
         num_actual_tokens=t1 - t0,
         max_query_len=int(query.max()),

@@ -17,7 +17,14 @@ from pathlib import Path
 import torch
 from hydra.utils import instantiate
 
-from lab.attention.base import KVCacheSpec, kv_cache_torch_dtype
+from lab.attention.base import KVCache, KVCacheSpec, kv_cache_torch_dtype
+from lab.cache.groups import (
+    describe_groups,
+    group_layers,
+    layer_group_index,
+    layer_tensor_index,
+    num_tensors,
+)
 from lab.cache.sizing import CacheSizing, cpu_kv_bytes
 from lab.compile import CompileOptions, compile_model, warmup_sizes
 from lab.config.worker import WorkerConfig
@@ -84,6 +91,9 @@ class Worker:
         self.triton_interpreted = bool((self.attn_backend.uses_triton or self.ops.uses_triton)
                                        and warn_if_interpreted())
         self._load(config.model_path, config.knobs.dtype, self.ops)
+        self.kv_groups = group_layers(self.model.layer_specs, config.kv_hybrid)
+        if len(self.kv_groups) > 1:
+            log.info("KV cache: %s", describe_groups(self.kv_groups))
         self.compiled = compile_model(self.model, self.attn_backend, CompileOptions.for_device(
             self.device, config.knobs.max_num_batched_tokens)) if config.knobs.compile else None
         self.runner: ModelRunner | None = None
@@ -126,7 +136,7 @@ class Worker:
 
     def model_info(self) -> ModelInfo:
         return ModelInfo.of(self.hf_config, self.bytes_per_block, self.weight_bytes,
-                            self.config.model_path, self.triton_interpreted)
+                            self.config.model_path, self.triton_interpreted, self.kv_groups)
 
     @property
     def kv_spec(self) -> KVCacheSpec:
@@ -135,8 +145,9 @@ class Worker:
 
     @property
     def bytes_per_block(self) -> int:
-        """KV bytes of one block across all layers (this rank's share of the heads)."""
-        return self.kv_spec.page_bytes * self.model.num_layers
+        """KV bytes of one block: its page in each KV tensor (one per layer of a KV cache group,
+        lab/cache/groups.py; this rank's share of the heads)."""
+        return self.kv_spec.page_bytes * num_tensors(self.kv_groups)
 
     def determine_num_blocks(self, sizing: CacheSizing) -> int:
         if sizing.num_gpu_blocks is not None:
@@ -182,8 +193,9 @@ class Worker:
         num_blocks = -(-num_tokens // self.block_size) + 1
         runner = self._make_runner(num_blocks, max_model_len=num_tokens + 1,
                                    max_num_tokens=num_tokens)
+        blocks = list(range(1, num_blocks))
         req = NewRequestData("profile", [0] * num_tokens, SamplingParams(temperature=0),
-                             list(range(1, num_blocks)), 0)
+                             tuple(blocks for _ in self.kv_groups), 0)
         runner.execute_model(SchedulerOutput(
             scheduled_new_reqs=[req], num_scheduled_tokens={"profile": num_tokens},
             total_num_scheduled_tokens=num_tokens))
@@ -195,10 +207,19 @@ class Worker:
                              tp=self.state.tp,
                              max_num_tokens=max_num_tokens or self.max_num_batched_tokens,
                              cudagraph_sizes=self.cudagraph_sizes, ubatch=self.config.knobs,
-                             ops=self.ops)
-        runner.initialize_cache(self.attn_backend.allocate_kv_cache(
-            self.kv_spec, num_blocks, self.model.num_layers, self.device))
+                             ops=self.ops,
+                             layer_groups=layer_group_index(self.kv_groups)
+                             if len(self.kv_groups) > 1 else None)
+        runner.initialize_cache(self._allocate_cache(num_blocks))
         return runner
+
+    def _allocate_cache(self, num_blocks: int) -> KVCache:
+        """The KV tensors of the groups' shared layout (lab/cache/groups.py), as the model reads
+        them: layer i's is the tensor of its position in its group."""
+        cache = self.attn_backend.allocate_kv_cache(self.kv_spec, num_blocks,
+                                                    num_tensors(self.kv_groups), self.device)
+        cache.layers = [cache.layers[j] for j in layer_tensor_index(self.kv_groups)]
+        return cache
 
     def _logits_processors(self) -> list:
         """One instance of each configured processor, for one runner."""
@@ -218,8 +239,9 @@ class Worker:
             log.info("captured the decode CUDA graphs of sizes %s",
                      sorted(self.runner.padded.graphs))
         if num_swap_blocks > 0:
-            self.runner.swapper = BlockSwapper(
-                self.runner.kv_caches, self.kv_spec, num_swap_blocks, self.ops.copy_blocks)
+            tensors = list({id(t): t for t in self.runner.kv_caches}.values())  # each once
+            self.runner.swapper = BlockSwapper(tensors, self.kv_spec, num_swap_blocks,
+                                               self.ops.copy_blocks)
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(sched)

@@ -23,7 +23,7 @@ def _admit(m: KVCacheManager, req: Request) -> list[int] | None:
         return None
     req.num_computed_tokens = req.num_tokens
     m.cache_computed(req)
-    return m.get_block_ids(req.request_id)
+    return m.get_block_ids(req.request_id)[0]  # one KV cache group
 
 
 def test_hits_never_cover_last_token() -> None:
@@ -31,11 +31,11 @@ def test_hits_never_cover_last_token() -> None:
     prompt = list(range(12))  # exactly 3 full blocks
     assert _admit(m, _req("a", prompt)) == [1, 2, 3]
     hits, n_hit = m.get_computed_blocks(_req("b", prompt))
-    assert [b.block_id for b in hits] == [1, 2] and n_hit == 8
+    assert [b.block_id for b in hits[0]] == [1, 2] and n_hit == 8
     hits, n_hit = m.get_computed_blocks(_req("c", prompt + [99]))
-    assert [b.block_id for b in hits] == [1, 2, 3] and n_hit == 12
+    assert [b.block_id for b in hits[0]] == [1, 2, 3] and n_hit == 12
     hits, n_hit = m.get_computed_blocks(_req("d", prompt[:1]))
-    assert hits == [] and n_hit == 0
+    assert hits == ([],) and n_hit == 0
 
 
 def test_prefix_stats_and_take_resets() -> None:
@@ -57,7 +57,7 @@ def test_shared_prefix_free_only_decrements() -> None:
     assert all(blk.ref_cnt == 2 for blk in shared)
     m.free(a)
     assert all(blk.ref_cnt == 1 for blk in shared)
-    assert m.num_used_blocks == 3 and m.get_block_ids("a") == []
+    assert m.num_used_blocks == 3 and m.get_block_ids("a") == ([],)
 
 
 def test_free_is_tail_first_and_lru_across_requests() -> None:
@@ -71,7 +71,7 @@ def test_free_is_tail_first_and_lru_across_requests() -> None:
     # Pressure: needing 4 blocks takes 6, 7 then evicts a's tail blocks first.
     _admit(m, _req("c", list(range(200, 216))))
     hits, _ = m.get_computed_blocks(_req("a2", list(range(13))))
-    assert [blk.block_id for blk in hits] == [ids_a[0]]
+    assert [blk.block_id for blk in hits[0]] == [ids_a[0]]
     assert m.take_num_evicted() == 2
 
 
@@ -83,7 +83,7 @@ def test_failed_allocation_changes_nothing() -> None:
     _admit(m, _req("x", list(range(300, 304))))
     b = _req("b", list(range(12)) + list(range(40, 52)))  # hits 3, needs 3 new: 6 > 5 free
     hits, n_hit = m.get_computed_blocks(b)
-    assert len(hits) == 3
+    assert len(hits[0]) == 3
     before = snapshot(m)
     assert m.allocate_slots(b, b.num_tokens - n_hit, n_hit, hits) is None
     assert snapshot(m) == before
@@ -98,38 +98,38 @@ def test_revives_evictable_hits_and_returns_only_new_blocks() -> None:
     b = _req("b", list(range(10)))
     hits, n_hit = m.get_computed_blocks(b)
     new = m.allocate_slots(b, b.num_tokens - n_hit, n_hit, hits)
-    assert n_hit == 8 and len(new) == 1 and new[0].block_id not in ids_a
-    assert m.get_block_ids("b")[:2] == ids_a[:2]
-    assert all(m.block_pool.blocks[i].ref_cnt == 1 for i in m.get_block_ids("b"))
+    assert n_hit == 8 and len(new[0]) == 1 and new[0][0].block_id not in ids_a
+    assert m.get_block_ids("b")[0][:2] == ids_a[:2]
+    assert all(m.block_pool.blocks[i].ref_cnt == 1 for i in m.get_block_ids("b")[0])
 
 
 def test_decode_grows_blocks_and_caches_full_ones_once_computed() -> None:
     m = KVCacheManager(num_blocks=8, block_size=BS, max_model_len=64)
     r = _req("r", [1, 2, 3])
-    assert len(m.allocate_slots(r, 3)) == 1
+    assert len(m.allocate_slots(r, 3)[0]) == 1
     r.num_computed_tokens = 3
     r.append_output_token(4)
-    assert m.allocate_slots(r, 1) == []
+    assert m.allocate_slots(r, 1) == ([],)
     m.cache_computed(r)  # the 4th token is scheduled, not computed: the block is not shared yet
     assert m.block_pool.blocks[1].block_hash is None
     r.num_computed_tokens = 4
     m.cache_computed(r)
     assert m.block_pool.blocks[1].block_hash == r.block_hashes[0]
     r.append_output_token(5)
-    assert [blk.block_id for blk in m.allocate_slots(r, 1)] == [2]
+    assert [blk.block_id for blk in m.allocate_slots(r, 1)[0]] == [2]
 
 
 def test_max_model_len_caps_allocation() -> None:
     m = KVCacheManager(num_blocks=16, block_size=BS, max_model_len=8)
     r = _req("r", list(range(12)))
-    assert len(m.allocate_slots(r, 12)) == 2
+    assert len(m.allocate_slots(r, 12)[0]) == 2
 
 
 def test_caching_off() -> None:
     m = KVCacheManager(num_blocks=8, block_size=BS, max_model_len=64, enable_caching=False)
     a = _req("a", list(range(10)))
     _admit(m, a)
-    assert m.get_computed_blocks(_req("b", list(range(10)))) == ([], 0)
+    assert m.get_computed_blocks(_req("b", list(range(10)))) == (([],), 0)
     assert all(b.block_hash is None for b in m.block_pool.blocks)
     assert m.take_prefix_cache_stats().requests == 0
 

@@ -115,13 +115,13 @@ class KVCacheMachine(RuleBasedStateMachine):
         """Allocate in both implementation and model; compare; on failure check no change."""
         before = snapshot(self.m)
         expected = self.model.allocate(req, n_new, n_hit, [b.block_id for b in hits])
-        got = self.m.allocate_slots(req, n_new, n_hit, hits)
+        got = self.m.allocate_slots(req, n_new, n_hit, (hits,))  # one KV cache group
         if got is None:
             event("allocation failed")
             assert expected is None
             assert snapshot(self.m) == before
             return False
-        assert [b.block_id for b in got] == expected
+        assert [b.block_id for b in got[0]] == expected
         event(f"allocation evicted cached blocks: {self.m.block_pool.total_evicted > before[-1]}")
         req.num_computed_tokens += n_hit + n_new
         self.m.cache_computed(req)
@@ -132,7 +132,7 @@ class KVCacheMachine(RuleBasedStateMachine):
 
     def _admit(self, req: Request, frac: float, tok: int) -> None:
         """Prefix lookup then allocate a chunk (all, or part, of what is owed)."""
-        hits, n_hit = self.m.get_computed_blocks(req)
+        (hits,), n_hit = self.m.get_computed_blocks(req)
         assert [b.block_id for b in hits] == self.model.lookup(req)
         assert n_hit == len(hits) * BS <= req.num_tokens - 1
         event(f"admit with hits: {bool(hits)}")
@@ -207,7 +207,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == model.free
         assert [b.ref_cnt for b in pool.blocks[1:]] == model.ref[1:]
         assert [b.block_hash for b in pool.blocks] == model.hash
-        assert {r: self.m.get_block_ids(r) for r in self.m.req_to_blocks} == model.owned
+        assert {r: self.m.get_block_ids(r)[0] for r in self.m.coordinator.request_ids()} == \
+            model.owned
 
     @invariant()
     def blocks_conserved_and_refs_match_owners(self) -> None:
@@ -216,10 +217,10 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert pool.num_free_blocks + len(in_use) == NUM_BLOCKS - 1
         owners = [0] * NUM_BLOCKS
         for rid in self.running:
-            for bid in self.m.get_block_ids(rid):
+            for bid in self.m.get_block_ids(rid)[0]:
                 owners[bid] += 1
         assert [b.ref_cnt for b in pool.blocks[1:]] == owners[1:]
-        assert set(self.m.req_to_blocks) == set(self.running)
+        assert set(self.m.coordinator.request_ids()) == set(self.running)
         assert 0.0 <= self.m.usage <= 1.0
 
     @invariant()
@@ -244,8 +245,9 @@ class KVCacheMachine(RuleBasedStateMachine):
         hashed = {(b.block_hash, b.block_id) for b in pool.blocks if b.block_hash is not None}
         assert {(k, b.block_id) for k, b in entries} == hashed and len(entries) == len(hashed)
         for rid, req in self.running.items():
-            blocks = self.m.req_to_blocks[rid]
-            n = self.m.num_cached_block.get(rid, 0)
+            manager = self.m.coordinator.managers[0]
+            blocks = manager.req_to_blocks[rid]
+            n = manager.num_cached_block.get(rid, 0)
             assert [b.block_hash for b in blocks[:n]] == req.block_hashes[:n]
 
 

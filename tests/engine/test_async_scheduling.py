@@ -136,7 +136,7 @@ def test_abort_while_a_step_is_in_flight():
     assert ids[1] in engine.core._in_flight[0].sched.num_scheduled_tokens  # its next token
     [final] = engine.abort_request([ids[1]])
     assert final.finished and final.outputs[0].finish_reason == "abort"
-    assert engine.scheduler.kv.get_block_ids(ids[1]) == []
+    assert engine.scheduler.kv.get_block_ids(ids[1]) == ([],)
     at_abort, core_outputs[:] = got[ids[1]], []
     while engine.has_unfinished_requests():
         for out in engine.step():

@@ -87,9 +87,10 @@ class FaultyExecutor(ModelFreeExecutor):
         for _, dev in sched.swap_in:
             fake.device[dev] = [-1] * bs
         for rid, n in sched.num_scheduled_tokens.items():
-            req, blocks = self.scheduler.requests[rid], kv.get_block_ids(rid)
-            for pos in range(req.num_computed_tokens - n, req.num_computed_tokens):
-                fake._block(fake.device, blocks[pos // bs])[pos % bs] = -1
+            req = self.scheduler.requests[rid]
+            for blocks in kv.get_block_ids(rid):
+                for pos in range(req.num_computed_tokens - n, req.num_computed_tokens):
+                    fake._block(fake.device, blocks[pos // bs])[pos % bs] = -1
 
 
 PREFIXES = ([], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 1, 2], [6, 6, 6, 6, 6])  # so prefix hits happen

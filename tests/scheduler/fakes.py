@@ -61,15 +61,21 @@ class FakeKVContents:
             self.device[dev] = list(self._block(self.cpu, cpu))
         bs = self.block_size
         for rid, n in out.num_scheduled_tokens.items():
-            req, blocks = sched.requests[rid], sched.kv.get_block_ids(rid)
+            req = sched.requests[rid]
             start = req.num_computed_tokens - n  # the scheduler already advanced it
-            for pos in range(start, start + n):
-                self._block(self.device, blocks[pos // bs])[pos % bs] = req.all_token_ids[pos]
-        for rid in out.num_scheduled_tokens:
-            req, blocks = sched.requests[rid], sched.kv.get_block_ids(rid)
-            seen = [self._block(self.device, blocks[p // bs])[p % bs]
-                    for p in range(req.num_computed_tokens)]
-            assert seen == req.all_token_ids[: req.num_computed_tokens], f"{rid} reads wrong KV"
+            for blocks in sched.kv.get_block_ids(rid):  # every KV cache group
+                for pos in range(start, start + n):
+                    assert blocks[pos // bs] != 0, f"{rid} writes the null block"
+                    self._block(self.device, blocks[pos // bs])[pos % bs] = req.all_token_ids[pos]
+        for rid, n in out.num_scheduled_tokens.items():
+            req = sched.requests[rid]
+            for group, blocks in zip(sched.kv.groups, sched.kv.get_block_ids(rid)):
+                window = group.spec.sliding_window  # the step's first query reads from here
+                first = 0 if window is None else max(0, req.num_computed_tokens - n - window + 1)
+                seen = [self._block(self.device, blocks[p // bs])[p % bs]
+                        for p in range(first, req.num_computed_tokens)]
+                assert seen == req.all_token_ids[first: req.num_computed_tokens], \
+                    f"{rid} reads wrong KV"
 
 
 _ids = itertools.count()

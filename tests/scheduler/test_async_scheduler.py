@@ -91,13 +91,15 @@ class FakeWorker:
         for rid in sched.finished_req_ids:
             self.states.pop(rid, None)
         for new in sched.scheduled_new_reqs:
-            self.states[new.req_id] = _State(list(new.prompt_token_ids), list(new.block_ids),
+            (blocks,) = new.block_ids  # one KV cache group
+            self.states[new.req_id] = _State(list(new.prompt_token_ids), list(blocks),
                                              new.num_computed_tokens)
         for cached in sched.scheduled_cached_reqs:
             state = self.states[cached.req_id]
             state.computed = cached.num_computed_tokens
-            state.blocks = (list(cached.new_block_ids) if cached.resumed_from_preemption
-                            else state.blocks + list(cached.new_block_ids))
+            (new_blocks,) = cached.new_block_ids
+            state.blocks = (list(new_blocks) if cached.resumed_from_preemption
+                            else state.blocks + list(new_blocks))
         return ModelRunnerOutput({rid: tok for rid, n in sched.num_scheduled_tokens.items()
                                   if (tok := self._run(rid, n)) is not None})
 

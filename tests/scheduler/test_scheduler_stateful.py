@@ -51,10 +51,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     def blocks_cover_running(self):
         kv = self.s.kv
         for req in self.s.running:
-            assert len(kv.get_block_ids(req.request_id)) * BLOCK >= req.num_computed_tokens
+            assert len(kv.get_block_ids(req.request_id)[0]) * BLOCK >= req.num_computed_tokens
         for req in self.reqs:
             if req.is_finished:
-                assert kv.get_block_ids(req.request_id) == []
+                assert kv.get_block_ids(req.request_id) == ([],)
 
     def teardown(self):
         check_all_finished(self.s, self.reqs, self.aborted, MAX_LEN)

@@ -49,7 +49,7 @@ def test_victim_is_swapped_out_and_resumes_with_its_computed_tokens():
     assert b.status == RequestStatus.SWAPPED and b.num_preemptions == 1
     computed = b.num_computed_tokens
     assert computed > 0 and len(out.swap_out) == -(-computed // 4)
-    assert s.kv.get_block_ids(b.request_id) == []  # device blocks given back at once
+    assert s.kv.get_block_ids(b.request_id) == ([],)  # device blocks given back at once
     assert s.events.preempted_by_strategy == {"swap": 1} and s.num_swapped == 1
     assert s.has_unfinished_requests()
     late = make_request(s, [9, 9, 9], max_tokens=1)  # arrives after the swap-out
@@ -59,7 +59,7 @@ def test_victim_is_swapped_out_and_resumes_with_its_computed_tokens():
             break
     resumed = {c.req_id: c for c in out.scheduled_cached_reqs}[b.request_id]
     assert resumed.resumed_from_preemption and resumed.num_computed_tokens == computed
-    assert [d for _, d in out.swap_in] == s.kv.get_block_ids(b.request_id)[: len(out.swap_in)]
+    assert [d for _, d in out.swap_in] == s.kv.get_block_ids(b.request_id)[0][: len(out.swap_in)]
     check_all_finished(s, [a, b, late], set(), 64)  # exact tokens through the fake KV contents
     assert b.times.time_swapped > 0 and b.times.time_preempted >= b.times.time_swapped
 
@@ -152,7 +152,7 @@ def test_resume_takes_back_the_blocks_still_cached_on_the_device_and_copies_the_
     old = [d for d, _ in out.swap_out]  # 3 device blocks, the first 2 full and cached
     kv.take_prefix_cache_stats()
     assert kv.resume_swapped(req, 1) is not None
-    now = kv.get_block_ids(req.request_id)
+    now = kv.get_block_ids(req.request_id)[0]
     assert now[:2] == old[:2]  # taken back from the prefix cache: no copy
     step = kv.take_swap_step()
     assert [d for _, d in step.swap_in] == [now[2]] and step.num_reclaimed == 2
@@ -170,7 +170,7 @@ def test_resume_copies_what_was_evicted_and_undo_restores_the_swap():
     kv.free(hog)
     assert kv.resume_swapped(req, 1) is not None
     kv.undo_resume(req)  # un-admitted within the step: swapped out again, nothing copied
-    assert kv.swap_space.holds(req.request_id) and kv.get_block_ids(req.request_id) == []
+    assert kv.swap_space.holds(req.request_id) and kv.get_block_ids(req.request_id) == ([],)
     step = kv.take_swap_step()
     assert step.swap_in == [] and step.num_reclaimed == 0
     assert kv.resume_swapped(req, 1) is not None

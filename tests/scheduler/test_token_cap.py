@@ -131,7 +131,7 @@ class CappedSchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def blocks_cover_running(self):
         for req in self.s.running:
-            assert len(self.s.kv.get_block_ids(req.request_id)) * BLOCK >= req.num_computed_tokens
+            assert len(self.s.kv.get_block_ids(req.request_id)[0]) * BLOCK >= req.num_computed_tokens
 
     def teardown(self):
         check_all_finished(self.s, self.reqs, self.aborted, MAX_LEN)

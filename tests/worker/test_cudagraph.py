@@ -132,14 +132,14 @@ def run_steps(worker: Worker) -> list[dict]:
     """Two prompts (blocks 1-2 and 3-4), then three decode steps of both."""
     p = SamplingParams(temperature=0)
     first = worker.execute_model(SchedulerOutput(
-        scheduled_new_reqs=[NewRequestData("a", [5, 6, 7, 8, 9], p, [1, 2], 0),
-                            NewRequestData("b", [3, 4, 5], p, [3, 4], 0)],
+        scheduled_new_reqs=[NewRequestData("a", [5, 6, 7, 8, 9], p, ([1, 2],), 0),
+                            NewRequestData("b", [3, 4, 5], p, ([3, 4],), 0)],
         num_scheduled_tokens={"a": 5, "b": 3}, total_num_scheduled_tokens=8))
     outs = [first.sampled_token_ids]
     for k in range(3):
         outs.append(worker.execute_model(SchedulerOutput(
-            scheduled_cached_reqs=[CachedRequestData("a", [], 5 + k),
-                                   CachedRequestData("b", [], 3 + k)],
+            scheduled_cached_reqs=[CachedRequestData("a", ([],), 5 + k),
+                                   CachedRequestData("b", ([],), 3 + k)],
             num_scheduled_tokens={"a": 1, "b": 1}, total_num_scheduled_tokens=2)
         ).sampled_token_ids)
     return outs

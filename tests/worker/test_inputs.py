@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lab.cache.block_table import BlockTable
+from lab.cache.block_table import BlockTable, GroupBlockTables
 from lab.worker.buffers import CopyFence, CpuGpuBuffer, InputBuffers
 from lab.worker.inputs import BatchRows, prepare_inputs, prepare_padded_decode
 
@@ -18,16 +18,21 @@ BS, MAX_LEN, MAX_REQS = 4, 32, 6
 CPU = torch.device("cpu")
 
 
-def tables(seed: int = 0) -> tuple[np.ndarray, BlockTable]:
+GROUPS = 2  # KV cache groups: each its own block table and slot mapping
+LAYER_GROUPS = (1, 0, 1)
+
+
+def tables(seed: int = 0, groups: int = 1) -> tuple[np.ndarray, GroupBlockTables]:
     rng = np.random.default_rng(seed)
     token_ids = rng.integers(3, 1000, size=(MAX_REQS, MAX_LEN + 1))
-    table = BlockTable(MAX_REQS, MAX_LEN // BS)
+    table = GroupBlockTables(groups, MAX_REQS, MAX_LEN // BS)
     for r in range(MAX_REQS):
-        table.add_row(r, rng.permutation(np.arange(1, 60))[: MAX_LEN // BS])
+        table.add_row(r, [rng.permutation(np.arange(1, 60))[: MAX_LEN // BS]
+                          for _ in range(groups)])
     return token_ids, table
 
 
-def expected(batch: BatchRows, token_ids, table) -> dict:
+def expected(batch: BatchRows, token_ids, table: BlockTable) -> dict:
     """Per token, in plain Python (the definition in the module docstring)."""
     ids, pos, slots, qsl = [], [], [], [0]
     for row, c, n in zip(batch.rows, batch.num_computed, batch.num_scheduled):
@@ -53,17 +58,21 @@ def test_prepare_inputs_matches_the_definition(share, drawn):
     batch = BatchRows(np.array(perm, dtype=np.int64), np.array([c for c, _, _ in reqs]),
                       np.array([n for _, n, _ in reqs]),
                       np.array([c + n + extra for c, n, extra in reqs]))
-    token_ids, table = tables()
-    bufs = InputBuffers(MAX_REQS, 64, MAX_LEN // BS, CPU, share=share)
-    step = prepare_inputs(batch, token_ids, table, BS, MAX_LEN, bufs)
-    want = expected(batch, token_ids, table)
+    token_ids, table = tables(groups=GROUPS)
+    bufs = InputBuffers(MAX_REQS, 64, MAX_LEN // BS, CPU, share=share, num_groups=GROUPS)
+    step = prepare_inputs(batch, token_ids, table, BS, MAX_LEN, bufs, layer_groups=LAYER_GROUPS)
+    want = expected(batch, token_ids, table[0])
     a = step.attn_inputs
     assert step.input_ids.tolist() == want["ids"] and step.positions.tolist() == want["pos"]
     assert a.slot_mapping.tolist() == want["slots"] and a.query_start_loc.tolist() == want["qsl"]
     assert a.seq_lens.tolist() == want["seq"] == a.seq_lens_cpu
     assert a.num_computed_tokens.tolist() == batch.num_computed.tolist()
     width = -(-max(want["seq"]) // BS)
-    assert a.block_table.tolist() == table.block_table[batch.rows, :width].tolist()
+    assert a.block_table.tolist() == table[0].block_table[batch.rows, :width].tolist()
+    assert a.layer_groups == LAYER_GROUPS and len(a.group_tables) == GROUPS
+    for g, (group_table, group_slots) in enumerate(a.group_tables):  # each group's own
+        assert group_slots.tolist() == expected(batch, token_ids, table[g])["slots"]
+        assert group_table.tolist() == table[g].block_table[batch.rows, :width].tolist()
     assert step.logits_indices.tolist() == [q - 1 for q in want["qsl"][1:]]
     assert step.sampled.tolist() == [extra == 0 for _, _, extra in reqs]
     assert step.padded_size is None
@@ -91,7 +100,7 @@ def test_padded_decode_rows(share):
     assert a.num_computed_tokens.tolist() == [5, 17, 9, 0, 0]
     assert a.query_start_loc.tolist() == list(range(6)) and a.max_query_len == 1
     assert a.block_table.shape == (5, MAX_LEN // BS) and a.max_seq_len == MAX_LEN
-    assert a.block_table[:3].tolist() == table.block_table[[4, 0, 2]].tolist()
+    assert a.block_table[:3].tolist() == table[0].block_table[[4, 0, 2]].tolist()
     assert not a.block_table[3:].any()
     assert step.logits_indices.tolist() == [0, 1, 2]
     assert step.sampled.tolist() == [True, True, False]
