@@ -10,6 +10,7 @@ import torch
 from lab.attention.base import AttentionSpec, PagedKVBackend
 from lab.attention.spec import ATTENTION_FEATURES
 from lab.attention.torch_backend import TorchAttentionBackend
+from lab.attention.triton_flash import TritonFlashBackend
 from tests.attention.paged_steps import dense_step, paged_step
 
 D = 8
@@ -35,14 +36,14 @@ def _sinks(h: int) -> torch.Tensor:
     return torch.linspace(-2.0, 3.0, h)
 
 
-def run_features(backend, step, window, sinks, softcap):
+def run_features(backend, step, window, sinks, softcap, d=D):
     """backend.forward over a copy of the step's cache with the layer's features (passing only
     those it uses, as a layer does) -> (out, cache)."""
     inputs, q, k, v, cache = step
     cache = cache.clone()
     kw = {name: value for name, value in (("sliding_window", window), ("sinks", sinks),
                                           ("softcap", softcap)) if value is not None}
-    return backend.forward(0, q, k, v, cache, backend.build_metadata(inputs), D ** -0.5,
+    return backend.forward(0, q, k, v, cache, backend.build_metadata(inputs), d ** -0.5,
                            **kw), cache
 
 
@@ -100,3 +101,28 @@ def test_a_backend_without_a_feature_refuses_it_by_name(missing):
         _WindowOnly().check_supported(spec)
     _WindowOnly().check_supported(AttentionSpec(4, 2, 8, sliding_window=128))  # what it has
     TorchAttentionBackend().check_supported(spec)  # the reference implements every feature
+
+
+def _triton_flash(step, **knobs) -> TritonFlashBackend:
+    inputs, q, k, _, _ = step
+    backend = TritonFlashBackend(**knobs)
+    backend.kv_cache_spec(AttentionSpec(q.shape[1], k.shape[1], q.shape[2]), inputs.block_size,
+                          q.dtype)
+    return backend
+
+
+@pytest.mark.parametrize(("window", "features"),
+                         [(3, "window"), (None, "sinks"), (None, "softcap"), (5, "all")])
+@pytest.mark.parametrize("kind", STEPS)
+def test_triton_flash_features_equal_the_torch_backend(kind, window, features):
+    """attention=triton_flash (Triton's interpreter here) gives attention=torch's output and
+    cache with each feature; decode steps forced into splits (3 of them: the sink counted
+    once over the merge, the splits covering the window only)."""
+    step = paged_step(*STEPS[kind], d=16, group=2)
+    sinks, softcap = feature_args(step, features)
+    backend = _triton_flash(step, num_sms=132, min_keys_per_split=1, max_splits=3)
+    out, cache = run_features(backend, step, window, sinks, softcap, d=16)
+    want, want_cache = run_features(TorchAttentionBackend(), step, window, sinks, softcap, d=16)
+    assert torch.equal(cache, want_cache)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=2e-5)
+    assert (backend.workspace.out is not None) == (kind == "decode")  # split-KV + merge ran
