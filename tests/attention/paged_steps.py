@@ -1,5 +1,6 @@
 """One paged-attention step for the backend tests: requests with cached tokens in blocks of
-their own, the step's new tokens, and a cache of random rows."""
+their own, the step's new tokens, and a cache of random rows; a backend's forward over it with a
+layer's attention features, and the features' dense reference."""
 
 import torch
 
@@ -71,3 +72,19 @@ def dense_step(step, scale: float, window: int | None = None, sinks: torch.Tenso
             probs = scores.softmax(-1)
         out[t0:t0 + n] = torch.einsum("hqk,khd->qhd", probs, vals)
     return out
+
+
+def sink_logits(num_heads: int) -> torch.Tensor:
+    """Sink logits around the scores' size, one per query head (some well above, some below)."""
+    return torch.linspace(-2.0, 3.0, num_heads)
+
+
+def run_features(backend, step, window=None, sinks=None, softcap=None):
+    """backend.forward over a copy of the step's cache (scale head_dim ** -0.5) with a layer's
+    features, passing only those it uses as a layer does -> (out, cache)."""
+    inputs, q, k, v, cache = step
+    cache = cache.clone()
+    kw = {name: value for name, value in (("sliding_window", window), ("sinks", sinks),
+                                          ("softcap", softcap)) if value is not None}
+    return backend.forward(0, q, k, v, cache, backend.build_metadata(inputs),
+                           q.shape[-1] ** -0.5, **kw), cache

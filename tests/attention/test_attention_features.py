@@ -11,7 +11,7 @@ from lab.attention.base import AttentionSpec, PagedKVBackend
 from lab.attention.spec import ATTENTION_FEATURES
 from lab.attention.torch_backend import TorchAttentionBackend
 from lab.attention.triton_flash import TritonFlashBackend
-from tests.attention.paged_steps import dense_step, paged_step
+from tests.attention.paged_steps import dense_step, paged_step, run_features, sink_logits
 
 D = 8
 # (num_computed, query_lens): paged_step's requests hold up to 12 tokens (3 blocks of 4)
@@ -31,25 +31,9 @@ FEATURES = {"window": {}, "sinks": {"sinks": True}, "softcap": {"softcap": 0.7},
 CASES = [(w, f) for w in WINDOWS for f in FEATURES if w is not None or f != "window"]
 
 
-def _sinks(h: int) -> torch.Tensor:
-    """Sink logits around the scores' size, one per query head (some well above, some below)."""
-    return torch.linspace(-2.0, 3.0, h)
-
-
-def run_features(backend, step, window, sinks, softcap, d=D):
-    """backend.forward over a copy of the step's cache with the layer's features (passing only
-    those it uses, as a layer does) -> (out, cache)."""
-    inputs, q, k, v, cache = step
-    cache = cache.clone()
-    kw = {name: value for name, value in (("sliding_window", window), ("sinks", sinks),
-                                          ("softcap", softcap)) if value is not None}
-    return backend.forward(0, q, k, v, cache, backend.build_metadata(inputs), d ** -0.5,
-                           **kw), cache
-
-
 def feature_args(step, features: str) -> tuple:
     """(sinks, softcap) of a FEATURES entry for this step's heads."""
-    sinks = _sinks(step[1].shape[1]) if FEATURES[features].get("sinks") else None
+    sinks = sink_logits(step[1].shape[1]) if FEATURES[features].get("sinks") else None
     return sinks, FEATURES[features].get("softcap")
 
 
@@ -67,7 +51,7 @@ def test_torch_backend_features_equal_dense(kind, window, features):
 def test_features_with_mha_and_wider_groups(group):
     """Every feature at once, MHA (group 1) and 4 query heads per KV head."""
     step = paged_step([7, 0, 2], [1, 6, 5], group=group, d=D)
-    sinks = _sinks(step[1].shape[1])
+    sinks = sink_logits(step[1].shape[1])
     out, _ = run_features(TorchAttentionBackend(), step, 4, sinks, 1.5)
     torch.testing.assert_close(out.double(), dense_step(step, D ** -0.5, 4, sinks, 1.5),
                                atol=1e-5, rtol=1e-5)
@@ -77,7 +61,7 @@ def test_the_features_change_the_output():
     """Each feature matters at these shapes (the dense check is not vacuous)."""
     step = paged_step(*STEPS["chunked"], d=D)
     plain = dense_step(step, D ** -0.5)
-    sinks = _sinks(step[1].shape[1])
+    sinks = sink_logits(step[1].shape[1])
     for kw in ({"window": 3}, {"sinks": sinks}, {"softcap": 0.7}):
         assert not torch.allclose(dense_step(step, D ** -0.5, **kw), plain, atol=1e-3)
 
@@ -121,8 +105,8 @@ def test_triton_flash_features_equal_the_torch_backend(kind, window, features):
     step = paged_step(*STEPS[kind], d=16, group=2)
     sinks, softcap = feature_args(step, features)
     backend = _triton_flash(step, num_sms=132, min_keys_per_split=1, max_splits=3)
-    out, cache = run_features(backend, step, window, sinks, softcap, d=16)
-    want, want_cache = run_features(TorchAttentionBackend(), step, window, sinks, softcap, d=16)
+    out, cache = run_features(backend, step, window, sinks, softcap)
+    want, want_cache = run_features(TorchAttentionBackend(), step, window, sinks, softcap)
     assert torch.equal(cache, want_cache)
     torch.testing.assert_close(out, want, atol=2e-5, rtol=2e-5)
     assert (backend.workspace.out is not None) == (kind == "decode")  # split-KV + merge ran
