@@ -135,7 +135,7 @@ def poison_outside_window(case, window):
     bs = k_cache.shape[1]
     for b, n in enumerate(seq_lens.tolist()):
         lo = max(0, n - window)
-        pos = torch.arange(lo)
+        pos = torch.arange(lo, device=table.device)
         blocks, slots = table[b, pos // bs].long(), pos % bs
         k_cache[blocks, slots] = float("nan")
         v_cache[blocks, slots] = float("nan")
@@ -334,5 +334,35 @@ def test_decode_bf16_cuda(num_splits):
     ref = torch.empty_like(q)
     ref_lse = paged_decode_attention_ref(q, k_cache, v_cache, ref, seq_lens, table,
                                          q.shape[-1] ** -0.5, splits)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("features", ["window", "sinks", "softcap", "all"])
+def test_decode_features_bf16_cuda(features):
+    """Llama-8B-like decode (B=32, ctx ~4k, GQA 32:8, d=128, block 16, bf16) with a sliding
+    window of 1000 (keys below it NaN: never read), sinks, a soft cap of 30, or all three;
+    splits as the backend picks them (by the window's keys)."""
+    torch.manual_seed(0)
+    lens = torch.randint(3500, 4097, (32,)).tolist()
+    case = make_case(lens, 16, num_kv_heads=8, group=4, head_dim=128, dtype=torch.bfloat16,
+                     device="cuda")
+    kw = {}
+    if features in ("window", "all"):
+        kw["sliding_window"] = 1000
+    if features in ("sinks", "all"):
+        kw["sinks"] = torch.randn(32, device="cuda")
+    if features in ("softcap", "all"):
+        kw["softcap"] = 30.0
+    splits = choose_num_splits(32, kw.get("sliding_window", 4096), num_kv_heads=8)
+    run_case = poison_outside_window(case, kw["sliding_window"]) if "sliding_window" in kw \
+        else case
+    out, lse = run_decode(run_case, splits, workspace=DecodeWorkspace(), **kw)
+    q, k_cache, v_cache, seq_lens, table = case
+    ref = torch.empty_like(q)
+    ref_lse = paged_decode_attention_ref(q, k_cache, v_cache, ref, seq_lens, table,
+                                         q.shape[-1] ** -0.5, splits, **kw)
+    assert not out.isnan().any()
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)

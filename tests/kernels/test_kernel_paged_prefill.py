@@ -286,3 +286,20 @@ def test_bf16_cuda_realistic():
     batch = make_batch([1024, 1, 200, 37], [0, 1023, 824, 990], 16, 8, 4, 128,
                        torch.bfloat16, seed=9, device="cuda")
     check(batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("features", ["window", "sinks", "softcap", "all"])
+def test_bf16_cuda_features(features):
+    """The realistic bf16 mixed batch with a sliding window of 300 (keys below every query's
+    window NaN: never read), sinks, a soft cap of 30, or all three; the kernel's own tiles."""
+    batch = make_batch([1024, 1, 200, 37], [0, 1023, 824, 990], 16, 8, 4, 128,
+                       torch.bfloat16, seed=12, device="cuda")
+    kw = {}
+    if features in ("window", "all"):
+        kw["sliding_window"] = 300
+    if features in ("sinks", "all"):
+        kw["sinks"] = torch.randn(32, device="cuda")
+    if features in ("softcap", "all"):
+        kw["softcap"] = 30.0
+    check(batch, **kw)
