@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one prepared device check (run on a lent GPU machine from the repo root):
-#   scripts/gpu_check.sh [PART ...]      # default: every part, in this order
+#   scripts/gpu_check.sh [PART ...]      # default: every part but `features`, in this order
 # Parts (each under its own time limit, so one that hangs or fails leaves the others' rows):
 #   cudagraph  CUDA-graph capture/replay parity tests, then a decode step with graphs vs eager at
 #              batch 1/8/64 on bench_qwen3_06b (python3 -m lab.bench.cudagraph)
@@ -11,6 +11,11 @@
 #   quant      e2e of the quant methods (fp8, int8, w4a16) against bf16
 #   compile    compile=true: its CUDA parity test, then tok/s vs eager
 #   kernels    every kernel timed against its ceiling and PyTorch (python3 -m lab.bench.kernels)
+#   features   the attention features (sliding window, sinks, soft cap) alone, for a short
+#              device budget: their CUDA tests (bf16 decode and prefill against the references,
+#              keys outside the window NaN), then their kernel rows after the plain rows 1 and 7
+#              (python3 -m lab.bench.kernels --features); not in the default run, whose `tests`
+#              and `kernels` parts hold the same tests and rows
 #   ubatch     micro-batching (docs/ubatch.md): its CUDA tests, one step's forward as one batch vs
 #              two micro-batches (in turn; interleaved at the all-reduces)
 #   tp         on a machine with 2+ GPUs: TP=2 (NCCL, executor=multiproc) correctness, TP=1 vs 2
@@ -64,7 +69,12 @@ part_compile() {
   run 300 python3 -m lab.bench.e2e --runs attention=triton_flash \
     attention=triton_flash,compile=true
 }
-part_kernels() { run 240 python3 -m lab.bench.kernels; }
+part_kernels() { run 300 python3 -m lab.bench.kernels; }
+part_features() {
+  gpu_tests 200 tests/kernels/test_kernel_paged_decode.py tests/kernels/test_kernel_paged_prefill.py \
+    -k features
+  run 240 python3 -m lab.bench.kernels --features
+}
 part_ubatch() {
   gpu_tests 120 tests/worker/test_ubatch.py
   run 120 python3 -m lab.bench.ubatch

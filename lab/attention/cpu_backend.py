@@ -14,6 +14,11 @@ the step's k / v, one call for requests of one length (else one per request): no
 cache, no padded copies, no mask, no attention=torch metadata (what that saves:
 experiments/results/2026-12-05-cpu-prefill-compile.md).
 
+Per-layer features (AttentionSpec): the decode kernel takes all three (a sliding window: it
+reads only the window's keys, from max(0, seq_len - window); sinks; a soft cap); the fresh
+prefill path takes a sliding window (SDPA with the window's band mask); a fresh prefill of a
+layer with sinks or a soft cap, which SDPA cannot express, is attention=torch's.
+
 Everything else (mixed steps and prefills after a prefix-cache hit, MLA, an fp8 cache, CUDA
 tensors) is attention=torch's, which is also this backend's reference in the tests.
 
@@ -49,8 +54,8 @@ log = logging.getLogger(__name__)
 class DeferredMetadata:
     """A step this backend attends itself (pure decode: the kernel reads `inputs` only; fresh
     prefill): attention=torch's metadata (masks, gather indices, write targets) is built on
-    first use, by a layer the fast paths do not take (an MLA
-    layer, an fp8 cache)."""
+    first use, by a layer the fast paths do not take (an MLA layer, an fp8 cache, a fresh
+    prefill's layer with sinks or a soft cap)."""
 
     inputs: AttentionInputs
     backend: TorchAttentionBackend
@@ -106,18 +111,21 @@ class CPUAttentionBackend(TorchAttentionBackend):
             return DeferredMetadata(inputs, self)
         return super().build_metadata(inputs)
 
-    def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale, **features):
-        """The fast paths for plain causal layers; a layer with a sliding window, sinks or a
-        soft cap (`features`) runs attention=torch's reference path."""
-        if isinstance(metadata, DeferredMetadata) and not any(
-                f is not None for f in features.values()):
+    def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale, *, sliding_window=None,
+                sinks=None, softcap=None):
+        """The fast paths (module docstring): the decode kernel with every feature, the fresh
+        prefill with a sliding window; the rest is attention=torch's."""
+        features = dict(sliding_window=sliding_window, sinks=sinks, softcap=softcap)
+        if isinstance(metadata, DeferredMetadata):
             a = metadata.inputs
             if a.is_pure_decode and kernel.supports(q, kv_cache) and self._decode_kernel():
                 return kernel.paged_decode(q, k, v, kv_cache, a.slot_mapping, a.block_table,
-                                           a.seq_lens, a.num_reqs, a.num_actual_tokens, scale)
-            if not a.is_pure_decode and kv_cache.dtype == q.dtype:
+                                           a.seq_lens, a.num_reqs, a.num_actual_tokens, scale,
+                                           **features)
+            if (not a.is_pure_decode and kv_cache.dtype == q.dtype and sinks is None
+                    and softcap is None):
                 self.write_step_kv(layer_idx, k, v, kv_cache, metadata)
-                return fresh_prefill(q, k, v, a, scale)
+                return fresh_prefill(q, k, v, a, scale, sliding_window)
         return super().forward(layer_idx, q, k, v, kv_cache, torch_metadata(metadata), scale,
                                **features)
 
@@ -135,25 +143,33 @@ class CPUAttentionBackend(TorchAttentionBackend):
 
 
 def fresh_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs,
-                  scale: float) -> torch.Tensor:
+                  scale: float, window: int | None = None) -> torch.Tensor:
     """A fresh prefill step (is_fresh_prefill): causal attention of each request's queries over
-    its own k / v -> [T, H, D] (padding tokens beyond num_actual_tokens are zero rows)."""
+    its own k / v (the last `window` keys of each query's with a sliding window) -> [T, H, D]
+    (padding tokens beyond num_actual_tokens are zero rows)."""
     n = inputs.num_actual_tokens
     lens = inputs.query_lens_cpu
     if len(set(lens)) == 1:  # one call: [B, H, L, D]
         b, length = len(lens), lens[0]
-        out = _causal(*(x[:n].view(b, length, *x.shape[1:]) for x in (q, k, v)), scale)
+        out = _causal(*(x[:n].view(b, length, *x.shape[1:]) for x in (q, k, v)), scale, window)
         out = out.reshape(n, *out.shape[2:])
     else:
         bounds = [0, *itertools.accumulate(lens)]
-        out = torch.cat([_causal(q[None, s:e], k[None, s:e], v[None, s:e], scale)[0]
+        out = torch.cat([_causal(q[None, s:e], k[None, s:e], v[None, s:e], scale, window)[0]
                          for s, e in itertools.pairwise(bounds)])
     return with_padding_rows(out, q.shape[0])
 
 
-def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, L, H, D] over k / v [B, L, Hkv, D], causal -> [B, L, H, D]."""
+def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            window: int | None = None) -> torch.Tensor:
+    """q [B, L, H, D] over k / v [B, L, Hkv, D], causal (query i sees keys j <= i, and
+    i - j < window with a window shorter than L) -> [B, L, H, D]."""
+    length = q.shape[1]
+    mask = None
+    if window is not None and window < length:  # the causal band of the window
+        mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril().triu(
+            1 - window)
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale,
-        enable_gqa=q.shape[2] != k.shape[2])
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+        is_causal=mask is None, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
     return out.transpose(1, 2)

@@ -2,8 +2,9 @@
 
     num_splits = choose_num_splits(decode requests, max_model_len, SMs, programs per request)
 
-Splits are sized from max_model_len (not this step's lengths), so the launch grid depends only on
-the batch size (CUDA-graph friendly); on the CPU (interpreter) there is one "SM", so one split.
+Splits are sized from max_model_len (not this step's lengths; a sliding-window layer's from its
+window where that is shorter: triton_flash), so the launch grid depends only on the batch size
+(CUDA-graph friendly); on the CPU (interpreter) there is one "SM", so one split.
 """
 
 from __future__ import annotations

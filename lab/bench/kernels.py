@@ -3,12 +3,21 @@ its reference at that shape, timed, and compared with the measured machine ceili
 
     python -m lab.bench.kernels                 # needs CUDA; depends only on torch and triton
     python -m lab.bench.kernels --quick         # smaller shapes, for a smoke run
+    python -m lab.bench.kernels --features      # only the attention-feature rows and their baselines
 
 First it measures the ceilings (a large device copy: GB/s; a large bf16 matmul: TFLOP/s), then
 prints one table: µs (median of many runs, `triton.testing.do_bench`), achieved GB/s or TFLOP/s,
 % of the measured ceiling, and the same operation through PyTorch (SDPA for attention).
 Working sets are larger than L2 (50 MB on H100/H200) except where the row is about small
 launches (row 3, row 10).
+
+Attention-feature rows (a layer's sliding window, sinks, soft cap: lab/attention/spec.py) beside
+their plain rows 1 and 7: "1w" / "7w" a sliding window (work counted over the keys the window
+lets each query see: the kernels skip the rest, so µs should follow the window, not the
+context), "1s" / "7s" sinks, "1c" / "7c" a soft cap (the same work as rows 1 / 7: the overhead
+is the difference), "1ws" gpt-oss's shape (window 128 with sinks, 64:8 heads, d64). Their torch
+column is SDPA over the same keys (with the window's mask) without sinks or cap, which SDPA
+lacks: a baseline of the attention work, not of the feature.
 """
 
 from __future__ import annotations
@@ -97,10 +106,35 @@ def dense_kv(kv, block_table, ctx: int):
     return k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, D]
 
 
+def _feature_args(env: Setup, h: int, window: int | None, sinks: bool,
+                  softcap: float | None) -> dict:
+    """The kernels' feature keywords of a row (sinks: one fp32 logit per query head)."""
+    kw = {}
+    if window is not None:
+        kw["sliding_window"] = window
+    if sinks:
+        kw["sinks"] = torch.randn(h, device=env.device, dtype=torch.float32)
+    if softcap is not None:
+        kw["softcap"] = softcap
+    return kw
+
+
+def _feature_label(window: int | None, sinks: bool, softcap: float | None) -> tuple[str, str]:
+    """(a row name's feature words, the shape's feature fields)."""
+    words = [w for w, on in (("SWA", window is not None), ("sinks", sinks),
+                             ("cap", softcap is not None)) if on]
+    fields = [f for f, on in ((f" W={window}", window is not None),
+                              (f" cap={softcap:g}" if softcap else "", softcap is not None)) if on]
+    return (" " + "+".join(words) if words else ""), "".join(fields)
+
+
 def decode_row(env: Setup, row: str, batch: int, ctx: int, h=32, hkv=8, d=128, bs=16,
-               kv_fp8: bool = False) -> Row:
+               kv_fp8: bool = False, window: int | None = None, sinks: bool = False,
+               softcap: float | None = None) -> Row:
     """Paged decode; kv_fp8: the cache in float8 e4m3 with per-layer K/V scales (cache.dtype=fp8),
-    GB/s counted on the fp8 bytes; the torch baseline attends over the dequantized cache."""
+    GB/s counted on the fp8 bytes; the torch baseline attends over the dequantized cache. A
+    sliding window / sinks / soft cap (the feature rows): GB/s over the keys the window shows,
+    splits sized by them; the torch baseline is SDPA over those keys."""
     from lab.kernels.fp8_kv import calibrate_kv_scale, dequantize_kv_ref, quantize_kv_ref
     from lab.kernels.paged_decode import (
         DecodeWorkspace,
@@ -115,59 +149,76 @@ def decode_row(env: Setup, row: str, batch: int, ctx: int, h=32, hkv=8, d=128, b
         ks, vs = calibrate_kv_scale(kv[0]), calibrate_kv_scale(kv[1])
         kv = torch.stack((quantize_kv_ref(kv[0], ks), quantize_kv_ref(kv[1], vs)))
         scales = dict(k_scale=ks, v_scale=vs)
+    features = _feature_args(env, h, window, sinks, softcap)
+    seen = min(ctx, window or ctx)  # the keys each query reads
     out = torch.empty_like(q)
     ws = DecodeWorkspace()
     sms = torch.cuda.get_device_properties(0).multi_processor_count if env.device == "cuda" else 8
-    splits = choose_num_splits(batch, ctx, num_sms=sms, num_kv_heads=hkv)
+    splits = choose_num_splits(batch, seen, num_sms=sms, num_kv_heads=hkv)
     scale = d**-0.5
 
     def run():
-        paged_decode_attention(q, kv[0], kv[1], out, seq_lens, bt, scale, splits, ws, **scales)
+        paged_decode_attention(q, kv[0], kv[1], out, seq_lens, bt, scale, splits, ws, **scales,
+                               **features)
 
     run()
     ref = torch.empty_like(q)
-    paged_decode_attention_ref(q, kv[0], kv[1], ref, seq_lens, bt, scale, splits, **scales)
+    paged_decode_attention_ref(q, kv[0], kv[1], ref, seq_lens, bt, scale, splits, **scales,
+                               **features)
     ok = torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
     if kv_fp8:  # the baseline reads the dequantized cache in the model dtype
         kv = torch.stack((dequantize_kv_ref(kv[0], scales["k_scale"]),
                           dequantize_kv_ref(kv[1], scales["v_scale"]))).to(q.dtype)
     k, v = dense_kv(kv, bt, ctx)
+    k, v = k[:, :, ctx - seen:].contiguous(), v[:, :, ctx - seen:].contiguous()
     qd = q.view(batch, h, 1, d)
     t_torch = bench(lambda: F.scaled_dot_product_attention(qd, k, v, enable_gqa=True))
-    nbytes = 2 * batch * ctx * hkv * d * (1 if kv_fp8 else 2) + 2 * q.numel() * 2
+    nbytes = 2 * batch * seen * hkv * d * (1 if kv_fp8 else 2) + 2 * q.numel() * 2
     name = "paged decode fp8" if kv_fp8 else "paged decode"
-    return Row(row, f"{name} (S={splits})", f"B={batch} ctx={ctx} {h}:{hkv} d{d} bs{bs}",
-               bench(run), nbytes, "GB/s", t_torch, ok)
+    words, fields = _feature_label(window, sinks, softcap)
+    return Row(row, f"{name}{words} (S={splits})", f"B={batch} ctx={ctx}{fields} {h}:{hkv} d{d} "
+               f"bs{bs}", bench(run), nbytes, "GB/s", t_torch, ok)
 
 
-def prefill_row(env: Setup, row: str, ctx: int, new: int, h=32, hkv=8, d=128, bs=16) -> Row:
+def prefill_row(env: Setup, row: str, ctx: int, new: int, h=32, hkv=8, d=128, bs=16,
+                window: int | None = None, sinks: bool = False,
+                softcap: float | None = None) -> Row:
+    """Paged prefill of `new` tokens after ctx - new cached ones; TFLOP/s over the (query, key)
+    pairs the causal mask (and a sliding window) lets attend: the kernel skips the others."""
     from lab.kernels.paged_prefill import paged_attention, paged_attention_ref
 
     q, kv, bt, seq_lens, qsl = paged_setup(env, 1, ctx, h, hkv, d, bs, q_len=new)
+    features = _feature_args(env, h, window, sinks, softcap)
     out = torch.empty_like(q)
     scale = d**-0.5
 
     def run():
-        paged_attention(q, kv[0], kv[1], out, qsl, seq_lens, bt, new, scale)
+        paged_attention(q, kv[0], kv[1], out, qsl, seq_lens, bt, new, scale, **features)
 
     run()
     ref = torch.empty_like(q)
-    paged_attention_ref(q, kv[0], kv[1], ref, qsl, seq_lens, bt, new, scale)
+    paged_attention_ref(q, kv[0], kv[1], ref, qsl, seq_lens, bt, new, scale, **features)
     ok = torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
     prefix = ctx - new
-    flops = 4 * h * d * (new * prefix + new * (new + 1) / 2)  # QK^T and PV over causal pairs
+    pos = torch.arange(prefix, ctx, dtype=torch.float64)  # the new tokens' positions
+    pairs = float(torch.clamp(pos + 1, max=window or ctx).sum())  # keys each one sees
+    flops = 4 * h * d * pairs  # QK^T and PV over the attended pairs
     k, v = dense_kv(kv, bt, ctx)
     qd = q.view(1, new, h, d).transpose(1, 2)
-    mask = None if prefix == 0 else _causal_mask(new, ctx, env.device)
+    mask = None if prefix == 0 and window is None else _causal_mask(new, ctx, env.device, window)
     t_torch = bench(lambda: F.scaled_dot_product_attention(
         qd, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True))
-    return Row(row, "paged prefill (causal)", f"prefix={prefix} new={new} {h}:{hkv} d{d} bs{bs}",
-               bench(run), flops, "TFLOP/s", t_torch, ok)
+    words, fields = _feature_label(window, sinks, softcap)
+    return Row(row, f"paged prefill{words or ' (causal)'}",
+               f"prefix={prefix} new={new}{fields} {h}:{hkv} d{d} bs{bs}", bench(run), flops,
+               "TFLOP/s", t_torch, ok)
 
 
-def _causal_mask(new: int, ctx: int, device: str) -> torch.Tensor:
+def _causal_mask(new: int, ctx: int, device: str, window: int | None = None) -> torch.Tensor:
     qpos = torch.arange(ctx - new, ctx, device=device)[:, None]
-    return torch.arange(ctx, device=device)[None, :] <= qpos
+    keys = torch.arange(ctx, device=device)[None, :]
+    mask = keys <= qpos
+    return mask if window is None else mask & (keys > qpos - window)
 
 
 def mla_row(env: Setup, row: str, batch: int, ctx: int, h: int, lora=512, rope=64, bs=64,
@@ -379,6 +430,23 @@ def w4a16_row(env: Setup, row: str, m: int, n: int, k: int, group: int = 128) ->
     return Row(row, "W4A16 GEMM", shape, bench(run), 2 * m * n * k, "TFLOP/s", t_torch, ok)
 
 
+def feature_rows(env: Setup, quick: bool, baselines: bool = False) -> list[Row]:
+    """The attention-feature rows (module docstring); `baselines`: rows 1 and 7 (8k) first,
+    the plain kernels at the same shapes."""
+    s = 4 if quick else 1
+    rows = ([decode_row(env, "1", 64 // s, 4096), prefill_row(env, "7", 8192 // s, 8192 // s)]
+            if baselines else [])
+    rows += [decode_row(env, "1w", 16 // s, 32768 // s, window=4096),
+             decode_row(env, "1s", 64 // s, 4096, sinks=True),
+             decode_row(env, "1c", 64 // s, 4096, softcap=50.0),
+             decode_row(env, "1ws", 64 // s, 4096, h=64, hkv=8, d=64, window=128, sinks=True)]
+    # 8k (not 16k): the reference materialises [H, new, ctx] fp32 scores
+    rows += [prefill_row(env, "7w", 8192 // s, 8192 // s, window=1024),
+             prefill_row(env, "7s", 8192 // s, 8192 // s, sinks=True),
+             prefill_row(env, "7c", 8192 // s, 8192 // s, softcap=50.0)]
+    return rows
+
+
 def all_rows(env: Setup, quick: bool) -> list[Row]:
     s = 4 if quick else 1
     rows = [decode_row(env, "1", 64 // s, 4096), decode_row(env, "2", 1, 32768 // s)]
@@ -397,7 +465,7 @@ def all_rows(env: Setup, quick: bool) -> list[Row]:
     rows += [w4a16_row(env, "17", mm, 14336, 4096) for mm in (1, 16)]
     rows += [w4a16_row(env, "18", 512, 14336, 4096)]
     rows += [moe_row(env, "19", 16384 // s), moe_row(env, "20", 64), moe_align_row(env, 256)]
-    return rows
+    return rows + feature_rows(env, quick)
 
 
 def smoke_rows(env: Setup) -> list[Row]:
@@ -407,6 +475,11 @@ def smoke_rows(env: Setup) -> list[Row]:
             mla_row(env, "5", 2, 40, h=4, lora=24, rope=8, bs=4),
             mla_row(env, "6", 2, 40, h=20, lora=16, rope=8, bs=4, unit="TFLOP/s"),
             prefill_row(env, "7", 24, 16, h=4, hkv=2, d=16, bs=4),
+            decode_row(env, "1w", 2, 40, h=4, hkv=2, d=16, bs=4, window=9),
+            decode_row(env, "1ws", 2, 40, h=4, hkv=2, d=16, bs=4, window=5, sinks=True,
+                       softcap=2.0),
+            prefill_row(env, "7w", 40, 24, h=4, hkv=2, d=16, bs=4, window=7),
+            prefill_row(env, "7c", 24, 16, h=4, hkv=2, d=16, bs=4, sinks=True, softcap=2.0),
             kv_write_row(env, 32, hkv=2, d=16, bs=4), rmsnorm_row(env, "9", 8, 64),
             silu_row(env, "11", 8, 48), rotary_row(env, "10", 8, h=4, hkv=2, d=16),
             moe_row(env, "19", 12, hidden=32, inter=24, experts=4, top_k=2),
@@ -419,19 +492,21 @@ def smoke_rows(env: Setup) -> list[Row]:
 def print_table(rows: list[Row], copy_gbs: float, mm_tflops: float) -> None:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke run)"
     print(f"\n{gpu}: measured copy {copy_gbs:.0f} GB/s, bf16 matmul {mm_tflops:.0f} TFLOP/s")
-    print(f"{'row':<4}{'kernel':<24}{'shape':<34}{'µs':>9}{'achieved':>16}{'% ceil':>8}"
+    print(f"{'row':<4}{'kernel':<34}{'shape':<42}{'µs':>9}{'achieved':>16}{'% ceil':>8}"
           f"{'torch µs':>10}{'ok':>5}")
     for r in rows:
         rate = r.work / r.us / (1e3 if r.unit == "GB/s" else 1e6)
         ceil = copy_gbs if r.unit == "GB/s" else mm_tflops
         t = "-" if r.torch_us is None else f"{r.torch_us:.1f}"
-        print(f"{r.row:<4}{r.name:<24}{r.shape:<34}{r.us:>9.1f}{rate:>10.1f} {r.unit:<5}"
+        print(f"{r.row:<4}{r.name:<34}{r.shape:<42}{r.us:>9.1f}{rate:>10.1f} {r.unit:<5}"
               f"{100 * rate / ceil:>8.1f}{t:>10}{'yes' if r.ok else 'NO':>5}")
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smaller shapes")
+    p.add_argument("--features", action="store_true",
+                   help="only the attention-feature rows, after their plain baselines (1, 7)")
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes in fp32 on the CPU interpreter: checks the script only")
     args = p.parse_args(argv)
@@ -443,7 +518,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("lab.bench.kernels needs CUDA (the Triton interpreter is not a "
                          "benchmark); --smoke checks the script on the CPU")
     copy_gbs, mm_tflops = ceilings()
-    print_table(all_rows(Setup(), args.quick), copy_gbs, mm_tflops)
+    rows = (feature_rows(Setup(), args.quick, baselines=True) if args.features
+            else all_rows(Setup(), args.quick))
+    print_table(rows, copy_gbs, mm_tflops)
 
 
 if __name__ == "__main__":

@@ -8,15 +8,21 @@
 //   slots     [T] int64                     token t's K/V go to slot slots[t] (< 0: not written)
 //   table     [>= B, max_blocks] int32      request b's key j lives in block table[b][j / BS]
 //   seq_lens  [>= B] int32                  keys 0 .. seq_lens[b] - 1 (the step's own included)
+//   window    int                           > 0: a sliding window, the last `window` keys only
+//   sinks     [H] fp32 or none              a logit per query head in the softmax's denominator
+//   softcap   float                         > 0: scores s -> softcap * tanh(s / softcap)
 //   -> out    [T, H, D]                     token b < B is request b's query; rows B.. are zero
 //
 // First the step's rows t < num_tokens are copied into their slots. Then one task per request
 // (or per span of its KV heads where requests are fewer than 4 per thread: span_heads), spread
 // over torch's own thread pool (at::parallel_for); each KV head's g = H / Hkv query heads share
-// every K and V row it reads. Two passes over the keys, block by block:
+// every K and V row it reads. Two passes over the keys it sees (keys lo .. L - 1, lo = L - window
+// with a sliding window, else 0: the blocks below are never read, nor their block-table
+// entries), block by block:
 //
 //   1. s[h][j] = scale * q_h . k_j                 (a bf16 row widened to fp32 once)
-//   2. p = softmax(s[h]) per head (max-subtracted, fp32), out_h = sum_j p[h][j] v_j
+//   2. p = softmax(s[h]) per head (soft-capped first; max-subtracted, fp32; a sink adds
+//      exp(sink_h - max) to the denominator only), out_h = sum_j p[h][j] v_j
 //
 // All arithmetic in fp32; bf16 inputs are widened on load and the output rounded once. A task
 // runs with AVX-512 intrinsics where the compiler targets AVX-512 and (group, head_dim) is one
@@ -35,6 +41,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -59,58 +66,74 @@ struct Shape {
 };
 
 // One request's KV heads kh .. kh + hc - 1 (a span): their hc * g query heads q [hc * g, D], its
-// L keys through `blocks`, s [hc * g, L] scratch, out [hc * g, D]. A key's row holds every KV
-// head ([BS, Hkv, D] blocks), so a span reads each block's rows as one stretch of hc * D values.
+// keys lo .. L - 1 through `blocks` (n = L - lo of them), s [hc * g, n] scratch, out
+// [hc * g, D]. A key's row holds every KV head ([BS, Hkv, D] blocks), so a span reads each
+// block's rows as one stretch of hc * D values.
 template <typename T>
 struct Task {
   const T* q;
   const T* kv;
   const int32_t* blocks;
-  int64_t L, kh, hc;
+  int64_t lo, L, kh, hc;
   float* s;
   T* out;
+  int64_t n() const { return L - lo; }
 };
 
-// Walk the span's K (pass 0) or V (pass 1) block by block, and within a block head by head:
-// enter(h), then visit(h, j, head h's row of key j) for the block's keys, then leave(h) (a task
-// keeps a head's registers only while it reads that head's rows of one block). Each row read
-// prefetches the same row and head PREFETCH_BLOCKS blocks ahead (from K's end: V's start).
+// Walk the span's K (pass 0) or V (pass 1) over the blocks holding keys lo .. L - 1, and within
+// a block head by head: enter(h), then visit(h, j, head h's row of key lo + j) for the block's
+// keys, then leave(h) (a task keeps a head's registers only while it reads that head's rows of
+// one block). Each row read prefetches the same row and head PREFETCH_BLOCKS blocks ahead (from
+// K's end: V's first block).
 template <typename T, typename Enter, typename Visit, typename Leave>
 inline void for_each_block(const Task<T>& t, const Shape& sh, int pass, Enter&& enter,
                            Visit&& visit, Leave&& leave) {
-  const int64_t BS = sh.BS, D = sh.D, row = sh.Hkv * D, L = t.L, nblk = (L + BS - 1) / BS;
+  const int64_t BS = sh.BS, D = sh.D, row = sh.Hkv * D, L = t.L;
+  const int64_t first = t.lo / BS, nblk = (L + BS - 1) / BS, count = nblk - first;
   const T* heads = t.kv + t.kh * D;
   auto block = [&](int64_t p, int64_t b) {
     return heads + p * sh.num_blocks * BS * row + t.blocks[b] * BS * row;
   };
-  for (int64_t b = 0; b < nblk; ++b) {
+  for (int64_t b = first; b < nblk; ++b) {
     const T* rows = block(pass, b);
     const int64_t ahead = b + PREFETCH_BLOCKS;
-    const T* pre = ahead < nblk                    ? block(pass, ahead)
-                   : pass == 0 && ahead < 2 * nblk ? block(1, ahead - nblk)
-                                                   : nullptr;
-    const int64_t n = std::min(BS, L - b * BS);
+    const T* pre = ahead < nblk                        ? block(pass, ahead)
+                   : pass == 0 && ahead < nblk + count ? block(1, ahead - count)
+                                                       : nullptr;
+    const int64_t o0 = std::max<int64_t>(0, t.lo - b * BS), o1 = std::min(BS, L - b * BS);
     for (int64_t h = 0; h < t.hc; ++h) {
       enter(h);
-      for (int64_t o = 0; o < n; ++o) {
+      for (int64_t o = o0; o < o1; ++o) {
         if (pre) prefetch_row(pre + o * row + h * D, D);
-        visit(h, b * BS + o, rows + o * row + h * D);
+        visit(h, b * BS + o - t.lo, rows + o * row + h * D);
       }
       leave(h);
     }
   }
 }
 
-// softmax over each of the n rows of s [n, L], in place (max-subtracted, fp32)
-inline void softmax_rows(float* s, int64_t n, int64_t L) {
-  for (int64_t h = 0; h < n; ++h) {
-    float* r = s + h * L;
-    const float m = *std::max_element(r, r + L);
-    float total = 0.f;
+// The softmax's options: soft cap (> 0) and each of the task's query heads' sink (or none)
+struct Softmax {
+  float softcap;
+  const float* sinks;
+};
+
+// softmax over each of the rows of s [rows, n], in place: soft-capped first (softcap > 0), then
+// max-subtracted, fp32; row h's sink (sinks[h]) counts in the denominator only
+inline void softmax_rows(float* s, int64_t rows, int64_t n, const Softmax& opt) {
+  for (int64_t h = 0; h < rows; ++h) {
+    float* r = s + h * n;
+    if (opt.softcap > 0.f) {
+      const float cap = opt.softcap, inv_cap = 1.f / opt.softcap;
+      for (int64_t j = 0; j < n; ++j) r[j] = cap * std::tanh(r[j] * inv_cap);
+    }
+    float m = *std::max_element(r, r + n);
+    if (opt.sinks) m = std::max(m, opt.sinks[h]);
+    float total = opt.sinks ? std::exp(opt.sinks[h] - m) : 0.f;
 #pragma omp simd reduction(+ : total)
-    for (int64_t j = 0; j < L; ++j) total += (r[j] = std::exp(r[j] - m));
+    for (int64_t j = 0; j < n; ++j) total += (r[j] = std::exp(r[j] - m));
     const float inv = 1.f / total;
-    for (int64_t j = 0; j < L; ++j) r[j] *= inv;
+    for (int64_t j = 0; j < n; ++j) r[j] *= inv;
   }
 }
 
@@ -143,8 +166,9 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t n
 
 // work: 2 * hc * g * D floats (the scaled q, the accumulators)
 template <typename T>
-void task_portable(const Task<T>& t, const Shape& sh, float scale, float* work) {
-  const int64_t g = sh.H / sh.Hkv, D = sh.D, L = t.L, n = t.hc * g * D;
+void task_portable(const Task<T>& t, const Shape& sh, float scale, const Softmax& opt,
+                   float* work) {
+  const int64_t g = sh.H / sh.Hkv, D = sh.D, L = t.n(), n = t.hc * g * D;
   float *qs = work, *acc = work + n;
   std::vector<float> buf(D);
   const float* qf = as_float(t.q, acc, n);
@@ -155,7 +179,7 @@ void task_portable(const Task<T>& t, const Shape& sh, float scale, float* work) 
     const float* kf = as_float(k, buf.data(), D);
     for (int64_t i = h * g; i < (h + 1) * g; ++i) t.s[i * L + j] = dot(qs + i * D, kf, D);
   }, none);
-  softmax_rows(t.s, t.hc * g, L);
+  softmax_rows(t.s, t.hc * g, L, opt);
   for_each_block(t, sh, 1, none, [&](int64_t h, int64_t j, const T* v) {  // pass 2: p @ V
     const float* vf = as_float(v, buf.data(), D);
     for (int64_t i = h * g; i < (h + 1) * g; ++i) axpy(t.s[i * L + j], vf, acc + i * D, D);
@@ -175,9 +199,10 @@ inline __m512 load16(const at::BFloat16* p) {  // bf16 -> fp32: zero-extend, shi
 }
 
 template <int G, int NC, typename T>
-void task_avx512(const Task<T>& t, const Shape& sh, float scale, float* work) {
+void task_avx512(const Task<T>& t, const Shape& sh, float scale, const Softmax& opt,
+                 float* work) {
   constexpr int D = 16 * NC;
-  const int64_t L = t.L, n = t.hc * G * D;
+  const int64_t L = t.n(), n = t.hc * G * D;
   float* qs = work;  // the span's q, scaled; then its accumulators
   for (int64_t i = 0; i < n; i += 16)
     _mm512_storeu_ps(qs + i, _mm512_mul_ps(load16(t.q + i), _mm512_set1_ps(scale)));
@@ -199,7 +224,7 @@ void task_avx512(const Task<T>& t, const Shape& sh, float scale, float* work) {
       t.s[(h * G + g) * L + j] = _mm512_reduce_add_ps(a);
     }
   }, [](int64_t) {});
-  softmax_rows(t.s, t.hc * G, L);
+  softmax_rows(t.s, t.hc * G, L, opt);
   std::fill(qs, qs + n, 0.f);
   for_each_block(t, sh, 1, load, [&](int64_t h, int64_t j, const T* v) {  // pass 2: p @ V
     __m512 vc[NC];
@@ -214,7 +239,7 @@ void task_avx512(const Task<T>& t, const Shape& sh, float scale, float* work) {
 #endif
 
 template <typename T>
-using TaskFn = void (*)(const Task<T>&, const Shape&, float, float*);
+using TaskFn = void (*)(const Task<T>&, const Shape&, float, const Softmax&, float*);
 
 // the AVX-512 task compiled for this (group, head_dim), else the portable one
 template <typename T>
@@ -252,7 +277,8 @@ void write_rows(const T* k, const T* v, int64_t k_stride, int64_t v_stride, cons
 
 template <typename T>
 void decode(const T* q, const T* kv, const int32_t* table, const int32_t* seq_lens, T* out,
-            const Shape& sh, float scale, bool portable) {
+            const Shape& sh, float scale, bool portable, int64_t window, const float* sinks,
+            float softcap) {
   const int64_t H = sh.H, Hkv = sh.Hkv, D = sh.D, g = H / Hkv;
   const int64_t hc = span_heads(sh.B, Hkv), spans = Hkv / hc;
   const TaskFn<T> run = pick_task<T>(g, D, portable);
@@ -265,10 +291,11 @@ void decode(const T* q, const T* kv, const int32_t* table, const int32_t* seq_le
         std::fill(o, o + hc * g * D, T(0));
         continue;
       }
-      s.resize(hc * g * seq_lens[b]);
-      run(Task<T>{q + b * sh.q_stride + kh * g * D, kv, table + b * sh.max_blocks, seq_lens[b],
-                  kh, hc, s.data(), o},
-          sh, scale, work.data());
+      const int64_t L = seq_lens[b], lo = window > 0 ? std::max<int64_t>(0, L - window) : 0;
+      s.resize(hc * g * (L - lo));
+      run(Task<T>{q + b * sh.q_stride + kh * g * D, kv, table + b * sh.max_blocks, lo, L, kh,
+                  hc, s.data(), o},
+          sh, scale, Softmax{softcap, sinks ? sinks + kh * g : nullptr}, work.data());
     }
   });
 }
@@ -284,7 +311,8 @@ void check_rows(const at::Tensor& x, const char* name) {
 at::Tensor paged_decode(at::Tensor q, at::Tensor k, at::Tensor v,
                            at::Tensor kv_cache, at::Tensor slots, at::Tensor block_table,
                            at::Tensor seq_lens, int64_t num_reqs, int64_t num_tokens,
-                           double scale, bool portable) {
+                           double scale, bool portable, int64_t window,
+                           std::optional<at::Tensor> sinks, double softcap) {
   check_rows(q, "q");
   check_rows(k, "k");
   check_rows(v, "v");
@@ -303,6 +331,15 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k, at::Tensor v,
               q.size(0) >= num_reqs && num_tokens <= k.size(0) && num_tokens <= slots.size(0) &&
               block_table.size(0) >= num_reqs && seq_lens.size(0) >= num_reqs,
               "paged_decode: shapes do not match");
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: none)");
+  const float* sink_ptr = nullptr;
+  if (sinks.has_value()) {
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() &&
+                sinks->dim() == 1 && sinks->size(0) == sh.H,
+                "sinks must be fp32 [num_heads], contiguous");
+    sink_ptr = sinks->data_ptr<float>();
+  }
+  const float cap = static_cast<float>(softcap);
   auto out = at::empty({q.size(0), sh.H, sh.D}, q.options());
   AT_DISPATCH_SWITCH(dtype, "paged_decode",
     AT_DISPATCH_CASE(at::kFloat, [&] {
@@ -310,7 +347,7 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k, at::Tensor v,
                  slots.data_ptr<int64_t>(), num_tokens, kv_cache.data_ptr<float>(), sh);
       decode(q.data_ptr<float>(), kv_cache.data_ptr<float>(), block_table.data_ptr<int32_t>(),
              seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), sh, static_cast<float>(scale),
-             portable);
+             portable, window, sink_ptr, cap);
     })
     AT_DISPATCH_CASE(at::kBFloat16, [&] {
       using BF = at::BFloat16;
@@ -318,7 +355,7 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k, at::Tensor v,
                  slots.data_ptr<int64_t>(), num_tokens, kv_cache.data_ptr<BF>(), sh);
       decode(q.data_ptr<BF>(), kv_cache.data_ptr<BF>(), block_table.data_ptr<int32_t>(),
              seq_lens.data_ptr<int32_t>(), out.data_ptr<BF>(), sh, static_cast<float>(scale),
-             portable);
+             portable, window, sink_ptr, cap);
     }));
   if (q.size(0) > num_reqs) out.narrow(0, num_reqs, q.size(0) - num_reqs).zero_();
   return out;
@@ -329,5 +366,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "write the step's K/V rows, then paged decode attention in place over the cache",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kv_cache"), py::arg("slots"),
         py::arg("block_table"), py::arg("seq_lens"), py::arg("num_reqs"), py::arg("num_tokens"),
-        py::arg("scale"), py::arg("portable") = false);
+        py::arg("scale"), py::arg("portable") = false, py::arg("window") = 0,
+        py::arg("sinks") = py::none(), py::arg("softcap") = 0.0);
 }

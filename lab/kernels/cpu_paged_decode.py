@@ -11,13 +11,17 @@ Build: `lab.kernels.cpu_ext` (its docstring has the flags, the directory and the
 attention=cpu's setup, before the engine is ready. Without a C++ compiler `load()` raises
 `CPUKernelUnavailable` and the backend runs the torch path (with one warning).
 
-    paged_decode(q, k, v, kv_cache, slots, block_table, seq_lens, num_reqs, num_tokens, scale)
-      -> out [T, H, D]
+    paged_decode(q, k, v, kv_cache, slots, block_table, seq_lens, num_reqs, num_tokens, scale,
+                 sliding_window=None, sinks=None, softcap=None) -> out [T, H, D]
       q [T, H, D], k / v [T, Hkv, D] (each token's heads contiguous); kv_cache
       [2, num_blocks, BS, Hkv, D]; slots [T] int64 (< 0: not written); block_table
       [>= num_reqs, max_blocks] int32; seq_lens [>= num_reqs] int32; fp32 or bf16, one dtype.
       The first num_tokens rows of k / v are written to their slots, then query b < num_reqs
       (request b's one token) attends to its seq_lens[b] keys; rows num_reqs.. are zero.
+      A layer's features (AttentionSpec): with `sliding_window` W the query reads only its
+      last W keys (from max(0, L - W): blocks below are never read, nor their block-table
+      entries); `sinks` [H] adds one logit per query head to the softmax's denominator;
+      `softcap` maps each scaled score s to softcap * tanh(s / softcap) before the softmax.
       Head dim 64 or 128 with a group of 1, 2, 4 or 8 query heads per KV head runs AVX-512
       intrinsics where the CPU has them (q, accumulators and rows in registers; each block's
       rows prefetched a block ahead, a row at a time); other shapes and CPUs run portable
@@ -74,18 +78,24 @@ def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
 
 def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                  slots: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                 num_reqs: int, num_tokens: int, scale: float, portable: bool = False
-                 ) -> torch.Tensor:
+                 num_reqs: int, num_tokens: int, scale: float, portable: bool = False, *,
+                 sliding_window: int | None = None, sinks: torch.Tensor | None = None,
+                 softcap: float | None = None) -> torch.Tensor:
     """The kernel (module docstring); the extension must be loaded already (`load()`: it never
     builds here). `portable` runs the plain C++ loops even where an AVX-512 task is compiled in
     (tests)."""
-    return EXTENSION.loaded().paged_decode(q, k, v, kv_cache, slots, block_table, seq_lens, num_reqs,
-                               num_tokens, scale, portable)
+    if sinks is not None:
+        sinks = sinks.float().contiguous()
+    return EXTENSION.loaded().paged_decode(q, k, v, kv_cache, slots, block_table, seq_lens,
+                                           num_reqs, num_tokens, scale, portable,
+                                           sliding_window or 0, sinks, softcap or 0.0)
 
 
 def paged_decode_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                      slots: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                     num_reqs: int, num_tokens: int, scale: float) -> torch.Tensor:
+                     num_reqs: int, num_tokens: int, scale: float, *,
+                     sliding_window: int | None = None, sinks: torch.Tensor | None = None,
+                     softcap: float | None = None) -> torch.Tensor:
     """PyTorch reference of `paged_decode` (same contract)."""
     write_kv_cache_ref(k[:num_tokens], v[:num_tokens], kv_cache[0], kv_cache[1],
                        slots[:num_tokens])
@@ -93,10 +103,19 @@ def paged_decode_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache
     out = torch.zeros_like(q)
     g = q.shape[1] // hkv
     for b, length in enumerate(seq_lens[:num_reqs].tolist()):
-        blocks = block_table[b, : -(-length // bs)].long()
-        keys = kv_cache[0, blocks].reshape(-1, hkv, d)[:length].float()  # [L, Hkv, D]
-        vals = kv_cache[1, blocks].reshape(-1, hkv, d)[:length].float()
+        if length <= 0:
+            continue
+        lo = max(0, length - sliding_window) if sliding_window else 0
+        pos = torch.arange(lo, length)
+        blocks = block_table[b].long()[pos // bs]
+        keys = kv_cache[0, blocks, pos % bs].float()  # [L, Hkv, D]
+        vals = kv_cache[1, blocks, pos % bs].float()
         qb = q[b].float().view(hkv, g, d)
-        p = (torch.einsum("kgd,lkd->kgl", qb, keys) * scale).softmax(-1)
+        scores = torch.einsum("kgd,lkd->kgl", qb, keys) * scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        if sinks is not None:  # one more column per head, dropped after the softmax
+            scores = torch.cat((scores, sinks.float().view(hkv, g, 1)), -1)
+        p = scores.softmax(-1)[..., :len(pos)]
         out[b] = torch.einsum("kgl,lkd->kgd", p, vals).reshape(-1, d).to(q.dtype)
     return out

@@ -138,7 +138,8 @@ def _mla_split_kernel(
     hb = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
-    start, end = _split_range(tl.load(seq_lens_ptr + b), split, NUM_SPLITS, TILE_N)
+    seq_len = tl.load(seq_lens_ptr + b)
+    start, end = _split_range(seq_len * 0, seq_len, split, NUM_SPLITS, TILE_N)
 
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < H

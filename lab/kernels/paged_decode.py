@@ -3,7 +3,7 @@
 Cache layout per layer: k_cache, v_cache of shape (num_blocks, block_size, Hkv, D); token position p
 of request b lives at block block_table[b, p // block_size], offset p % block_size (block 0 is the
 null block that pads the table). The query of request b sits at position seq_lens[b] - 1 and sees
-keys 0 .. seq_lens[b] - 1, all already in the cache.
+keys 0 .. seq_lens[b] - 1 (the last W of them with a sliding window), all already in the cache.
 
 Stage 1 (`_decode_split_kernel`), grid (B, Hkv, num_splits): a program streams one split of one
 request's keys for one KV head, in tiles of TILE_N keys (independent of block_size), with an online
@@ -12,6 +12,18 @@ BLOCK_G ≥ 16), so K and V are read once per KV head. The grid depends only on 
 num_splits; each program derives its key range from seq_lens on the GPU (CUDA-graph safe).
 With num_splits == 1 the program writes the normalised output (and lse) directly; otherwise it
 writes fp32 partials and LSEs that stage 2 (`merge_attn_states`) combines.
+
+Per-layer features (AttentionSpec; constexpr switches, so a layer without them runs the plain
+kernel; the values are per-layer constants and the sinks a parameter tensor: graph-safe):
+- sliding window W: the query sees keys [max(0, L - W), L) only, and the splits partition that
+  range: keys (and block-table entries) below it are never read, so a hybrid KV cache may hold
+  the null block there.
+- sinks (gpt-oss): one logit per query head in the softmax's denominator, no value. Split 0
+  starts its rows at m = sink, l = 1 (online_softmax.py), so its LSE carries the sink and the
+  merge counts it exactly once; the returned lse includes it.
+- soft cap (Gemma-2): s -> cap * tanh(s / cap) on the scaled scores, before the mask; the
+  scores are in log2 units (log2(e) folded into the scale), so the kernel caps with
+  cap * log2(e), which is the same map (`soft_cap`).
 
 fp8 cache (float8 e4m3fn, scheme in lab/kernels/fp8_kv.py): K/V tiles are loaded as fp8 and
 converted to the query's dtype (exact: every e4m3 value is a bf16/fp16/fp32 value), the dots run
@@ -34,33 +46,36 @@ from lab.kernels import check_dtype_supported, interpreter_active
 from lab.kernels.fp8_kv import FP8_KV_DTYPE, dequantize_kv_ref
 from lab.kernels.kv_cache_write import _scale_arg
 from lab.kernels.merge_attn_states import merge_attn_states, merge_attn_states_ref
-from lab.kernels.online_softmax import online_softmax_step
+from lab.kernels.online_softmax import online_softmax_step, soft_cap
 
 _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _split_range(seq_len, split, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr):
-    """Key range [start, end) of `split` for a request of `seq_len` keys.
+def _split_range(lo, hi, split, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr):
+    """Key range [start, end) of `split` over a request's keys [lo, hi) (lo > 0: a window).
 
-    keys:  | split 0 | split 1 | ... | split s: [s·chunk, min((s+1)·chunk, L)) | empty ... |
-    chunk = roundup(cdiv(L, NUM_SPLITS), TILE_N): every split starts tile-aligned; when L is small
-    the trailing splits have start >= L and are empty (start = end).
+    keys:  | lo: split 0 | split 1 | ... | split s: [lo + s·chunk, min(lo + (s+1)·chunk, hi)) | ...
+    chunk = roundup(cdiv(hi - lo, NUM_SPLITS), TILE_N): every split starts a whole number of tiles
+    after lo; when hi - lo is small the trailing splits have start >= hi and are empty (start =
+    end).
     """
-    per_split = tl.cdiv(seq_len, NUM_SPLITS)
+    per_split = tl.cdiv(hi - lo, NUM_SPLITS)
     chunk = tl.cdiv(per_split, TILE_N) * TILE_N
-    start = tl.minimum(split * chunk, seq_len)
-    end = tl.minimum(start + chunk, seq_len)
+    start = tl.minimum(lo + split * chunk, hi)
+    end = tl.minimum(start + chunk, hi)
     return start, end
 
 
 @triton.jit
 def _attend_tile(
     q, acc, m_i, l_i, start_n, end, bt_row_ptr, k_base, v_base,
-    stride_kb, stride_ks, stride_vb, stride_vs, offs_d, mask_d, qk_scale,
+    stride_kb, stride_ks, stride_vb, stride_vs, offs_d, mask_d, qk_scale, softcap,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
-    """One online-softmax step over keys [start_n, start_n + TILE_N) ∩ [.., end) (log2 domain)."""
+    """One online-softmax step over keys [start_n, start_n + TILE_N) ∩ [.., end) (log2 domain;
+    `softcap` in log2 units too)."""
     offs_n = start_n + tl.arange(0, TILE_N)
     mask_n = offs_n < end
     blk = tl.load(bt_row_ptr + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
@@ -69,6 +84,8 @@ def _attend_tile(
     k = tl.load(k_base + blk[:, None] * stride_kb + slot[:, None] * stride_ks + offs_d[None, :],
                 mask=kv_mask, other=0.0).to(q.dtype)  # fp8 cache: exact upcast; else a no-op
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, TILE_N]
+    if SOFTCAP:  # on the scores, before the mask
+        qk = soft_cap(qk, softcap)
     qk = tl.where(mask_n[None, :], qk, float("-inf"))  # the tile holds >= 1 valid key
     v = tl.load(v_base + blk[:, None] * stride_vb + slot[:, None] * stride_vs + offs_d[None, :],
                 mask=kv_mask, other=0.0).to(q.dtype)
@@ -78,7 +95,7 @@ def _attend_tile(
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, seq_lens_ptr, bt_ptr, o_ptr, lse_ptr, k_scale_ptr, v_scale_ptr,
-    qk_scale, G,
+    sinks_ptr, qk_scale, window, softcap, G,
     stride_qb, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -87,17 +104,25 @@ def _decode_split_kernel(
     stride_lb, stride_lh, stride_ls,
     NUM_SPLITS: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, SLIDING: tl.constexpr,
+    SINKS: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Program (b, kv_head, split): attention of the G query heads of kv_head over one split.
 
     Writes the split's normalised output and natural-log LSE at o_ptr/lse_ptr[b, head, split]
     (stride_os/stride_ls are 0 when writing the final output directly). Inner dims are contiguous.
+    SLIDING: the splits cover keys [seq_len - window, seq_len) only; SINKS: split 0 counts each
+    head's sink (sinks_ptr, natural log) in its denominator; SOFTCAP: `softcap` in log2 units.
     """
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    start, end = _split_range(tl.load(seq_lens_ptr + b), split, NUM_SPLITS, TILE_N)
+    seq_len = tl.load(seq_lens_ptr + b)
+    if SLIDING:  # keys below the window are never read (nor their block-table entries)
+        lo = tl.maximum(seq_len - window, 0)
+    else:
+        lo = seq_len * 0
+    start, end = _split_range(lo, seq_len, split, NUM_SPLITS, TILE_N)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -116,15 +141,21 @@ def _decode_split_kernel(
     bt_row_ptr = bt_ptr + b * stride_btb
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    if SINKS:  # the sink column, once per row: in split 0 (the merge weighs it in by the LSE)
+        sink = tl.load(sinks_ptr + heads, mask=mask_g, other=0.0).to(tl.float32)
+        sink = sink * 1.4426950408889634  # log2 units, as the scores
+        m_i = tl.where(split == 0, sink, m_i)
+        l_i = tl.where(split == 0, 1.0, l_i)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     for start_n in range(start, end, TILE_N):
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, start_n, end, bt_row_ptr, k_base, v_base,
-            stride_kb, stride_ks, stride_vb, stride_vs, offs_d, mask_d, qk_scale,
-            BLOCK_SIZE, TILE_N, DOT_PRECISION,
+            stride_kb, stride_ks, stride_vb, stride_vs, offs_d, mask_d, qk_scale, softcap,
+            BLOCK_SIZE, TILE_N, DOT_PRECISION, SOFTCAP,
         )
 
-    # Empty split (start == end): l_i = 0, m_i = -inf -> zeros and lse = -inf.
+    # Empty split (start == end): l_i = 0, m_i = -inf -> zeros and lse = -inf (split 0 with
+    # sinks: zeros and lse = the sink, its share of the denominator).
     nonempty = l_i > 0.0
     l_safe = tl.where(nonempty, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -213,14 +244,22 @@ def paged_decode_attention(
     lse: torch.Tensor | None = None,
     k_scale: torch.Tensor | float | None = None,
     v_scale: torch.Tensor | float | None = None,
+    *,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Decode attention of q [B, H, D] over the paged cache into out [B, H, D] (lse [B, H] fp32).
     An fp8 cache is dequantized with k_scale / v_scale (fp32 [1]; see the module docstring).
+    The layer's features (module docstring): the query sees the last `sliding_window` keys
+    only; `sinks` [H] (any float dtype, contiguous) adds one logit per head to the softmax's
+    denominator (and to lse); `softcap` maps each scaled score s to softcap * tanh(s / softcap).
 
     One launch when num_splits == 1; otherwise stage 1 writes fp32 partials into `workspace`
     (a fresh one when None) and `merge_attn_states` combines them.
     """
     _check_inputs(q, k_cache, v_cache, out, seq_lens, block_table, num_splits)
+    features = _check_features(q, sliding_window, sinks, softcap)
     batch, num_heads, head_dim = q.shape
     if batch == 0:
         return
@@ -229,13 +268,29 @@ def paged_decode_attention(
         scales = (_scale_arg(k_scale, q), _scale_arg(v_scale, q))
     if num_splits == 1:
         _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, 1, out, lse, direct=True,
-                scales=scales)
+                scales=scales, features=features)
         return
     workspace = workspace if workspace is not None else DecodeWorkspace()
     p_out, p_lse = workspace.get(batch, num_heads, num_splits, head_dim, q.device)
     _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, p_out, p_lse,
-            direct=False, scales=scales)
+            direct=False, scales=scales, features=features)
     merge_attn_states(p_out, p_lse, out, lse)
+
+
+def _check_features(q, sliding_window, sinks, softcap) -> dict:
+    """The features as the kernel's arguments: window (int, 0 = none), sinks (the tensor or
+    None), softcap in log2 units (0.0 = none), and their constexpr switches."""
+    if sliding_window is not None:
+        assert sliding_window >= 1, f"sliding_window={sliding_window} must be >= 1"
+    if sinks is not None:
+        assert sinks.shape == q.shape[1:2] and sinks.is_contiguous(), (sinks.shape, q.shape)
+        assert sinks.device == q.device
+    if softcap is not None:
+        assert softcap > 0, f"softcap={softcap} must be > 0"
+    return dict(window=sliding_window or 0, sinks=sinks,
+                softcap=softcap * _LOG2E if softcap is not None else 0.0,
+                SLIDING=sliding_window is not None, SINKS=sinks is not None,
+                SOFTCAP=softcap is not None)
 
 
 def _check_inputs(q, k_cache, v_cache, out, seq_lens, block_table, num_splits) -> None:
@@ -253,9 +308,12 @@ def _check_inputs(q, k_cache, v_cache, out, seq_lens, block_table, num_splits) -
 
 
 def _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, o, lse, direct,
-            scales=(None, None)):
+            scales=(None, None), features=None):
     """Launch the split kernel; `direct` writes o [B, H, D] instead of partials [B, H, S, D].
-    scales: (k_scale, v_scale) fp32 [1] tensors for an fp8 cache, else (None, None)."""
+    scales: (k_scale, v_scale) fp32 [1] tensors for an fp8 cache, else (None, None);
+    features: `_check_features`'s (None: none)."""
+    features = dict(features or _check_features(q, None, None, None))
+    sinks = features.pop("sinks")
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -273,7 +331,8 @@ def _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, o, ls
     k_scale, v_scale = scales if kv_fp8 else (seq_lens, seq_lens)  # unused pointers
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, seq_lens, block_table, o, lse if store_lse else o, k_scale, v_scale,
-        scale * _LOG2E, group,
+        sinks if sinks is not None else seq_lens,  # an unused pointer without sinks
+        scale * _LOG2E, features.pop("window"), features.pop("softcap"), group,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -282,7 +341,7 @@ def _stage1(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, o, ls
         NUM_SPLITS=num_splits, BLOCK_SIZE=block_size, TILE_N=cfg["TILE_N"],
         BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        STORE_LSE=store_lse, DOT_PRECISION=precision, KV_FP8=kv_fp8,
+        STORE_LSE=store_lse, DOT_PRECISION=precision, KV_FP8=kv_fp8, **features,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
@@ -299,12 +358,19 @@ def paged_decode_attention_ref(
     lse: torch.Tensor | None = None,
     k_scale: torch.Tensor | float | None = None,
     v_scale: torch.Tensor | float | None = None,
+    *,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """PyTorch reference (fp32 math) of the split computation; writes out (and lse), returns lse.
     An fp8 cache is dequantized (q_fp8 * scale, `dequantize_kv_ref`) before the math.
 
-    Splits use chunk = cdiv(L, num_splits) without tile rounding (the math is the same); each
-    split's partial output and LSE are merged by `merge_attn_states_ref`.
+    Splits use chunk = cdiv(n, num_splits) without tile rounding (the math is the same) over the
+    n keys the query sees (the last `sliding_window` of them with a window); scores are
+    soft-capped (softcap * tanh(s / softcap)); split 0 counts each head's sink logit as one more
+    column (no value); each split's partial output and LSE are merged by
+    `merge_attn_states_ref`.
     """
     batch, num_heads, head_dim = q.shape
     p_out = torch.zeros(batch, num_heads, num_splits, head_dim, device=q.device)
@@ -312,16 +378,24 @@ def paged_decode_attention_ref(
     for b in range(batch):
         keys, vals = _gather_request_kv(k_cache, v_cache, block_table[b], int(seq_lens[b]),
                                         k_scale, v_scale)
+        if sliding_window is not None:
+            keys, vals = keys[-sliding_window:], vals[-sliding_window:]
         keys = keys.repeat_interleave(num_heads // k_cache.shape[2], dim=1)  # [L, H, D]
         vals = vals.repeat_interleave(num_heads // k_cache.shape[2], dim=1)
         chunk = -(-keys.shape[0] // num_splits)
         for s in range(num_splits):
             lo, hi = s * chunk, min((s + 1) * chunk, keys.shape[0])
-            if lo >= hi:
+            sink = sinks is not None and s == 0
+            if lo >= hi and not sink:
                 continue
             scores = torch.einsum("hd,lhd->hl", q[b].float(), keys[lo:hi]) * scale
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
+            if sink:
+                scores = torch.cat((scores, sinks.float()[:, None]), dim=-1)
+            probs = torch.softmax(scores, -1)[:, :max(0, hi - lo)]  # the sink's column dropped
             p_lse[b, :, s] = torch.logsumexp(scores, dim=-1)
-            p_out[b, :, s] = torch.einsum("hl,lhd->hd", torch.softmax(scores, -1), vals[lo:hi])
+            p_out[b, :, s] = torch.einsum("hl,lhd->hd", probs, vals[lo:hi])
     return merge_attn_states_ref(p_out, p_lse, out, lse)
 
 

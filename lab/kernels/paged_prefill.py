@@ -3,7 +3,7 @@
 Request b owns query rows query_start_loc[b] .. query_start_loc[b+1]-1 (q_len of them) and
 seq_lens[b] keys, all read from the paged cache through block_table[b] (the step's new K/V were
 written there first by `write_kv_cache`). With ctx = seq_len - q_len, query row i sits at position
-ctx + i and attends causally to keys 0 .. ctx + i.
+ctx + i and attends causally to keys 0 .. ctx + i (the last W of them with a sliding window).
 
 Kernel design (kernel-targets §3.1, vLLM unified attention):
 - grid (cdiv(max_query_len, BLOCK_Q), B, Hkv); a program whose q-block starts past its request's
@@ -18,6 +18,18 @@ Kernel design (kernel-targets §3.1, vLLM unified attention):
   converted to q's dtype (exact), the K scale is folded into the softmax scale and the V scale
   multiplies the output (exact for power-of-two scales). k_scale / v_scale are fp32 [1] device
   tensors (None: 1.0). Runs in the interpreter.
+
+Per-layer features (AttentionSpec; constexpr switches, so a layer without them runs the plain
+kernel):
+- sliding window W: query i sees keys j with i - W < j <= i. A program's KV loop starts at the
+  tile holding its first row's first key (ctx + q0 - W + 1, rounded down to TILE_N): whole
+  tiles below it are skipped, and the masked edge tiles read no key (nor block-table entry)
+  below it, so a hybrid KV cache may hold the null block there. The tiles every row sees whole
+  still run unmasked (the kernel's diagram of phases).
+- sinks (gpt-oss): one logit per query head joins each row's softmax as a column with no
+  value: rows start at m = sink, l = 1 (online_softmax.py).
+- soft cap (Gemma-2): s -> cap * tanh(s / cap) on the scaled scores, before the mask, in the
+  log2 units the scores are in (cap * log2(e): the same map, `soft_cap`).
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ import triton.language as tl
 from lab.kernels import check_dtype_supported, interpreter_active
 from lab.kernels.fp8_kv import FP8_KV_DTYPE, dequantize_kv_ref
 from lab.kernels.kv_cache_write import _scale_arg
-from lab.kernels.online_softmax import online_softmax_step
+from lab.kernels.online_softmax import online_softmax_step, soft_cap
 
 _LOG2E = 1.4426950408889634
 
@@ -39,22 +51,28 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _attend_tile(
     acc, l_i, m_i, q, q_pos,
-    k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_off, start, kv_end, qk_scale,
-    stride_cb, stride_co,
+    k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_off, start, kv_lo, kv_end, qk_scale, window,
+    softcap, stride_cb, stride_co,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    SLIDING: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """One online-softmax step over keys start .. start+TILE_N-1 of one request and KV head.
 
-    MASKED=False is only used for tiles every row may fully see (no causal or length edge).
+    MASKED=False is only used for tiles every row may fully see (no causal, window or length
+    edge). A masked tile reads only keys in [kv_lo, kv_end) (kv_lo: the program's first key).
     """
     pos = start + tl.arange(0, TILE_N)
     dims = tl.arange(0, HEAD_DIM)
-    in_seq = pos < kv_end
+    if SLIDING:  # keys below the window are not read (a hybrid cache's null block is there)
+        in_seq = (pos >= kv_lo) & (pos < kv_end)
+    else:
+        in_seq = pos < kv_end
     if MASKED:
         blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE, mask=in_seq, other=0)
     else:
@@ -74,10 +92,15 @@ def _attend_tile(
         v = v.to(q.dtype)
 
     s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N], log2 units
+    if SOFTCAP:  # on the scores, before the mask (softcap in log2 units too)
+        s = soft_cap(s, softcap)
     if MASKED:
         visible = (pos[None, :] <= q_pos[:, None]) & in_seq[None, :]
+        if SLIDING:
+            visible = visible & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
-    # Every row saw key 0 in the first tile, so the running max stays finite.
+    # Each row's m is finite by now: it saw key 0 in the first tile, or starts from its sink or
+    # from a finite floor (a window can mask a row's whole first tiles).
     acc, m_new, l_i = online_softmax_step(s, v, acc, m_i, l_i, DOT_PRECISION)
     return acc, l_i, m_new
 
@@ -85,8 +108,8 @@ def _attend_tile(
 @triton.jit
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-    qsl_ptr, seq_lens_ptr, bt_ptr, k_scale_ptr, v_scale_ptr,
-    qk_scale,
+    qsl_ptr, seq_lens_ptr, bt_ptr, k_scale_ptr, v_scale_ptr, sinks_ptr,
+    qk_scale, window, softcap,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_co, stride_ch,
     G: tl.constexpr,
@@ -97,6 +120,9 @@ def _paged_prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    SLIDING: tl.constexpr,
+    SINKS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """Attention of BLOCK_Q query tokens x G heads of request program_id(1), KV head program_id(2)."""
     b = tl.program_id(1)
@@ -108,6 +134,7 @@ def _paged_prefill_kernel(
         return
     seq_len = tl.load(seq_lens_ptr + b)
     ctx = seq_len - q_len
+    q1 = tl.minimum(q0 + BLOCK_Q, q_len)  # one past the program's last valid token
 
     rows = tl.arange(0, BLOCK_M)
     tok = q0 + rows // G
@@ -117,35 +144,59 @@ def _paged_prefill_kernel(
     dims = tl.arange(0, HEAD_DIM)
     q_ptrs = q_ptr + (row_off * stride_qt + head * stride_qh)[:, None] + dims[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-    q_pos = ctx + tok
+    q_pos = ctx + tl.minimum(tok, q1 - 1)  # padding rows: the last row's (it sees a key)
     if KV_FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
 
-    # Key ranges of this program (q1 = one past its last valid token):
-    #   keys:  | 0 ............ full_end | ............ kv_end | ... seq_len |
-    #          | phase 1: no masks       | phase 2: masked    | never read  |
+    # Key ranges of this program (positions ctx + q0 .. ctx + q1 - 1):
+    #   keys: | never read | ..... kv_start | ...... mid_start | .... full_end | ..... kv_end |
+    #         |            | window edge: masked | no masks    | causal: masked | never read  |
     # full_end = (ctx + q0 + 1) rounded down to TILE_N: every row (position >= ctx + q0) sees all
-    # of phase 1. kv_end = ctx + q1 <= seq_len: keys past the last row's position are skipped.
-    q1 = tl.minimum(q0 + BLOCK_Q, q_len)
+    # of the keys below it; kv_end = ctx + q1 <= seq_len: keys past the last row's position are
+    # skipped. Without a window kv_start = mid_start = 0. With a window W the first row sees
+    # keys >= kv_lo = ctx + q0 - W + 1: the loop starts at its tile (kv_start, rounded down:
+    # whole tiles below the window are skipped, the keys below kv_lo in that tile are not
+    # read); the last row sees keys >= ctx + q1 - W, so from mid_start (that rounded up) every
+    # row sees whole tiles again.
     kv_end = ctx + q1
     full_end = (ctx + q0 + 1) // TILE_N * TILE_N
+    kv_lo = ctx * 0
+    mid_start = ctx * 0
 
     bt_row_ptr = bt_ptr + b.to(tl.int64) * stride_bt
     kv_head_off = kvh.to(tl.int64) * stride_ch
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    if SINKS:  # the sink column (no value) in every row's denominator: m = sink, l = 1
+        m_i = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, tl.float32)
+    elif SLIDING:  # a finite floor: a row may see none of the window edge's first tiles
+        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for start in range(0, full_end, TILE_N):
+    if SLIDING:
+        kv_lo = tl.maximum(ctx + q0 - window + 1, 0)
+        kv_start = kv_lo // TILE_N * TILE_N
+        mid_start = tl.minimum(tl.cdiv(tl.maximum(kv_end - window, 0), TILE_N) * TILE_N,
+                               full_end)
+        for start in range(kv_start, mid_start, TILE_N):
+            acc, l_i, m_i = _attend_tile(
+                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_off,
+                start, kv_lo, kv_end, qk_scale, window, softcap, stride_cb, stride_co,
+                BLOCK_SIZE, TILE_N, HEAD_DIM, True, DOT_PRECISION, KV_FP8, SLIDING, SOFTCAP,
+            )
+    for start in range(mid_start, full_end, TILE_N):
         acc, l_i, m_i = _attend_tile(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_off,
-            start, kv_end, qk_scale, stride_cb, stride_co,
-            BLOCK_SIZE, TILE_N, HEAD_DIM, False, DOT_PRECISION, KV_FP8,
+            start, kv_lo, kv_end, qk_scale, window, softcap, stride_cb, stride_co,
+            BLOCK_SIZE, TILE_N, HEAD_DIM, False, DOT_PRECISION, KV_FP8, SLIDING, SOFTCAP,
         )
     for start in range(full_end, kv_end, TILE_N):
         acc, l_i, m_i = _attend_tile(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_off,
-            start, kv_end, qk_scale, stride_cb, stride_co,
-            BLOCK_SIZE, TILE_N, HEAD_DIM, True, DOT_PRECISION, KV_FP8,
+            start, kv_lo, kv_end, qk_scale, window, softcap, stride_cb, stride_co,
+            BLOCK_SIZE, TILE_N, HEAD_DIM, True, DOT_PRECISION, KV_FP8, SLIDING, SOFTCAP,
         )
 
     acc = acc / l_i[:, None]
@@ -208,15 +259,24 @@ def paged_attention(
     tile_n: int | None = None,
     k_scale: torch.Tensor | float | None = None,
     v_scale: torch.Tensor | float | None = None,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Causal varlen attention of q [T, H, D] over the paged cache, written into out [T, H, D].
 
     Rows of `out` past query_start_loc[B] are left untouched. `block_m` / `tile_n` override the
     tile choice of `pick_config` (tests and tuning); block_m must be a power of two >= 16 and
     >= H / Hkv, tile_n a power of two >= 16. An fp8 cache is dequantized with k_scale /
-    v_scale (fp32 [1]; see the module docstring).
+    v_scale (fp32 [1]; see the module docstring). The layer's features (module docstring): a
+    query at position i sees keys j > i - sliding_window only; `sinks` [H] (any float dtype,
+    contiguous) adds one logit per head to the softmax's denominator; `softcap` maps each
+    scaled score s to softcap * tanh(s / softcap).
     """
     _check_args(q, k_cache, v_cache, out, query_start_loc, seq_lens, block_table)
+    assert sliding_window is None or sliding_window >= 1, sliding_window
+    assert sinks is None or (sinks.shape == q.shape[1:2] and sinks.is_contiguous()), sinks
+    assert softcap is None or softcap > 0, softcap
     check_dtype_supported(q, "paged_attention q")  # bf16 tl.dot is garbage in the interpreter
     check_dtype_supported(k_cache, "paged_attention kv cache")
     _, h, d = q.shape
@@ -245,7 +305,8 @@ def paged_attention(
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, out,
         query_start_loc, seq_lens, block_table, k_scale, v_scale,
-        scale * _LOG2E,
+        sinks if sinks is not None else seq_lens,  # an unused pointer without sinks
+        scale * _LOG2E, sliding_window or 0, softcap * _LOG2E if softcap is not None else 0.0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         G=g,
@@ -255,6 +316,9 @@ def paged_attention(
         # fp32: 3-pass tf32 on tensor cores (~fp32 accurate); ignored for 16-bit inputs
         DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
         KV_FP8=kv_fp8,
+        SLIDING=sliding_window is not None,
+        SINKS=sinks is not None,
+        SOFTCAP=softcap is not None,
         **cfg,
     )
 
@@ -271,9 +335,15 @@ def paged_attention_ref(
     scale: float,
     k_scale: torch.Tensor | float | None = None,
     v_scale: torch.Tensor | float | None = None,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> None:
     """PyTorch reference of `paged_attention`: per request, dense causal attention in fp32 over
-    keys gathered from the cache through the block table; GQA by repeat_interleave."""
+    keys gathered from the cache through the block table; GQA by repeat_interleave. Features:
+    scores soft-capped before the mask, the mask narrowed to the window (no key below the
+    first query's window is read), each head's sink logit one more softmax column (dropped
+    before the values)."""
     block_size = k_cache.shape[1]
     group = q.shape[1] // k_cache.shape[2]
     if k_cache.dtype == FP8_KV_DTYPE:
@@ -284,11 +354,24 @@ def paged_attention_ref(
         q_len = end - start
         if q_len == 0:
             continue
-        pos = torch.arange(seq_len, device=q.device)
+        lo = 0  # the first key a query sees: below a window's, none is read
+        if sliding_window is not None:
+            lo = max(0, seq_len - q_len - sliding_window + 1)
+        pos = torch.arange(lo, seq_len, device=q.device)
         blk, off = block_table[b, pos // block_size].long(), pos % block_size
         k = dequantize_kv_ref(k_cache[blk, off], k_scale).repeat_interleave(group, dim=1)
         v = dequantize_kv_ref(v_cache[blk, off], v_scale).repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), k) * scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
         q_pos = seq_len - q_len + torch.arange(q_len, device=q.device)
-        scores.masked_fill_(pos[None, :] > q_pos[:, None], -math.inf)
-        out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(out.dtype)
+        hidden = pos[None, :] > q_pos[:, None]
+        if sliding_window is not None:
+            hidden |= pos[None, :] <= q_pos[:, None] - sliding_window
+        scores.masked_fill_(hidden, -math.inf)
+        if sinks is not None:
+            sink = sinks.float()[:, None, None].expand(-1, q_len, 1)
+            probs = torch.cat((scores, sink), dim=-1).softmax(-1)[..., :-1]
+        else:
+            probs = scores.softmax(-1)
+        out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype)

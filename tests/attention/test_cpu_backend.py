@@ -1,7 +1,8 @@
-"""attention=cpu: decode steps through the C++ kernel equal attention=torch (output and cache);
-other steps are attention=torch's; the kernel is loaded by setup (before the engine is ready),
-never by a step; without the kernel it says so once and runs the torch path; an engine with it
-generates attention=torch's greedy tokens (fp32), padded decode included."""
+"""attention=cpu: decode steps through the C++ kernel equal attention=torch (output and cache),
+with a layer's sliding window, sinks and soft cap too; fresh prefills (with a window too) equal
+it; other steps are attention=torch's; the kernel is loaded by setup (before the engine is
+ready), never by a step; without the kernel it says so once and runs the torch path; an engine
+with it generates attention=torch's greedy tokens (fp32), padded decode included."""
 
 import logging
 
@@ -12,7 +13,7 @@ from lab import LLM, SamplingParams
 from lab.attention.cpu_backend import CPUAttentionBackend
 from lab.attention.torch_backend import TorchAttentionBackend
 from lab.kernels import cpu_paged_decode as kernel
-from tests.attention.paged_steps import paged_step
+from tests.attention.paged_steps import paged_step, run_features, sink_logits
 
 D = 8
 
@@ -144,3 +145,43 @@ def test_an_mla_model_runs_the_torch_path_with_it():
         "tiny_deepseek", attention=attention).generate(prompts, sp)]
         for attention in ("torch", "cpu")}
     assert ids["cpu"] == ids["torch"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("window", "sinks", "softcap"), [
+    (1, False, None), (4, False, None), (50, False, None), (None, True, None), (None, False, 0.6),
+    (5, True, 0.6)])
+def test_decode_features_equal_the_torch_backend(has_kernel, dtype, window, sinks, softcap):
+    """The decode kernel with a window (a query seeing itself only, fewer keys than the
+    requests hold, more than any), sinks, a soft cap and all three."""
+    step = _step([5, 11, 2], [1, 1, 1], dtype)
+    sinks = sink_logits(step[1].shape[1]) if sinks else None
+    backend = _backend()
+    out, cache = run_features(backend, step, window, sinks, softcap)
+    assert backend.kernel_ok is has_kernel
+    want, want_cache = run_features(TorchAttentionBackend(), step, window, sinks, softcap)
+    assert torch.equal(cache, want_cache)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(out, want, **tol)
+
+
+@pytest.mark.parametrize("qlens", [[6, 3, 9], [7, 7]])
+@pytest.mark.parametrize(("window", "sinks", "softcap"), [
+    (1, False, None), (3, False, None), (7, False, None), (None, True, None),
+    (4, True, 0.6)])
+def test_fresh_prefill_features_equal_the_torch_backend(qlens, window, sinks, softcap):
+    """A window (shorter than, equal to the prompts) on the fresh-prefill path (its SDPA with
+    the window's band, no torch metadata); sinks or a soft cap: attention=torch's path."""
+    step = _step([0] * len(qlens), qlens)
+    sinks = sink_logits(step[1].shape[1]) if sinks else None
+    backend = _backend()
+    inputs, q, k, v, cache = step
+    md = backend.build_metadata(inputs)
+    kw = {n: x for n, x in (("sliding_window", window), ("sinks", sinks), ("softcap", softcap))
+          if x is not None}
+    cache = cache.clone()
+    out = backend.forward(0, q, k, v, cache, md, D ** -0.5, **kw)
+    assert ("torch" in vars(md)) == (sinks is not None or softcap is not None)
+    want, want_cache = run_features(TorchAttentionBackend(), step, window, sinks, softcap)
+    assert torch.equal(cache, want_cache)
+    torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-5)

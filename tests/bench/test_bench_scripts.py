@@ -14,11 +14,11 @@ from lab.layers.linear import Linear
 def test_kernel_bench_smoke_checks_every_reference(capsys):
     kernels.main(["--smoke"])
     table = capsys.readouterr().out.strip().splitlines()
-    rows = [line for line in table if line[:2].strip().isdigit()]
+    rows = [line for line in table if line[:1].isdigit()]
     names = {line.split()[0] for line in rows}  # the §5 rows that have a tiny twin
     assert {"1", "4", "5", "6", "7", "8", "9", "10", "11", "14i", "17", "18", "19", "20",
-            "21"} == names
-    assert len(rows) == 15 and all(line.rstrip().endswith("yes") for line in rows)
+            "21", "1w", "1ws", "7w", "7c"} == names  # and the attention features' rows
+    assert len(rows) == 19 and all(line.rstrip().endswith("yes") for line in rows)
 
 
 def test_overhead_bench_runs(capsys, monkeypatch):

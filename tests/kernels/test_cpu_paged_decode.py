@@ -121,3 +121,37 @@ def test_the_build_is_named_for_this_source_and_cpu():
     assert kernel.extension_name() == name
     assert kernel.supports(torch.zeros(1), torch.zeros(1))
     assert not kernel.supports(torch.zeros(1, dtype=torch.float16), torch.zeros(1))
+
+
+FEATURES = {"window1": dict(sliding_window=1), "window5": dict(sliding_window=5),
+            "window_past": dict(sliding_window=500), "sinks": dict(sinks=True),
+            "softcap": dict(softcap=0.7), "all": dict(sliding_window=9, sinks=True, softcap=0.7)}
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("hkv", "group", "d", "bs"), [(2, 4, 64, 4), (2, 3, 16, 16)])
+@pytest.mark.parametrize("features", FEATURES)
+def test_features_equal_reference(features, hkv, group, d, bs, dtype, portable):
+    """A sliding window (a query seeing itself only, 5 keys, more than any request has),
+    sinks, a soft cap and all three, on an AVX-512 shape (d 64, group 4) and a portable one, both
+    paths. Keys below the window are NaN and their whole blocks' table entries the null block
+    (NaN too): the kernel reads none of them."""
+    q, k, v, kv, slots, table, seq_lens = _step(4, hkv, group, d, bs, dtype, seed=len(features))
+    kw = dict(FEATURES[features])
+    if kw.pop("sinks", False):
+        kw["sinks"] = torch.linspace(-2.0, 3.0, hkv * group)
+    kv_ref = kv.clone()
+    args = (slots, table, seq_lens, 4, q.shape[0], d ** -0.5)
+    want = kernel.paged_decode_ref(q, k, v, kv_ref, *args, **kw)
+    window = kw.get("sliding_window")
+    if window:  # poisoned after the reference ran on the clean cache (it writes the step's rows)
+        kv[0, 0] = kv[1, 0] = float("nan")
+        for b, n in enumerate(seq_lens.tolist()):
+            pos = torch.arange(max(0, n - window))
+            kv[:, table[b, pos // bs].long(), pos % bs] = float("nan")
+            table[b, : max(0, n - window) // bs] = 0
+    out = kernel.paged_decode(q, k, v, kv, *args, portable=portable, **kw)
+    assert not out.isnan().any() and not out[4:].any()
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(out, want, **tol)

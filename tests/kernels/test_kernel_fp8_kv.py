@@ -199,6 +199,36 @@ def test_paged_prefill_fp8(q_lens, ctx, block_size, group, seed):
     torch.testing.assert_close(got, want, **TOL)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_paged_kernels_fp8_with_features(num_splits):
+    """A sliding window, sinks and a soft cap over an fp8 cache (the K scale folded into the
+    scores before the cap, the V scale after the sink's share of the denominator): decode
+    (direct and split) and a mixed prefill step equal their references."""
+    gen = torch.Generator().manual_seed(num_splits)
+    hkv, group, d, bs = 2, 2, 16, 4
+    lens = [3, 29, 45]
+    cache, table, ks, vs = _paged_fp8(lens, bs, hkv, d, gen)
+    features = dict(sliding_window=11, sinks=torch.linspace(-1.0, 2.0, hkv * group, device=DEVICE),
+                    softcap=4.0)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(len(lens), hkv * group, d, generator=gen).to(DEVICE)
+    got, want = torch.empty_like(q), torch.empty_like(q)
+    paged_decode_attention(q, cache[0], cache[1], got, seq_lens, table, d**-0.5, num_splits,
+                           k_scale=ks, v_scale=vs, **features)
+    paged_decode_attention_ref(q, cache[0], cache[1], want, seq_lens, table, d**-0.5,
+                               num_splits, k_scale=ks, v_scale=vs, **features)
+    torch.testing.assert_close(got, want, **TOL)
+    q_lens = [3, 1, 20]
+    qsl = torch.tensor([0, 3, 4, 24], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(sum(q_lens), hkv * group, d, generator=gen).to(DEVICE)
+    got, want = torch.empty_like(q), torch.empty_like(q)
+    args = (qsl, seq_lens, table, max(q_lens), d**-0.5)
+    paged_attention(q, cache[0], cache[1], got, *args, k_scale=ks, v_scale=vs, tile_n=16,
+                    **features)
+    paged_attention_ref(q, cache[0], cache[1], want, *args, k_scale=ks, v_scale=vs, **features)
+    torch.testing.assert_close(got, want, **TOL)
+
+
 @settings(max_examples=4, deadline=None)
 @given(
     lens=st.lists(st.integers(1, 50), min_size=1, max_size=3),
@@ -266,19 +296,21 @@ _COMPILE_SCRIPT = """
     def build_fp8(fn, types, consts, **opts):  # pointer arguments 16-byte aligned
         return build(fn, types, consts, {n for n in fn.arg_names if n.endswith("_ptr")}, **opts)
 
-    f32 = dict(qk_scale="fp32")
+    f32 = dict(qk_scale="fp32", softcap="fp32", sinks_ptr="*fp32")
+    off = dict(SLIDING=False, SINKS=False, SOFTCAP=False)  # the layer's features (not fp8's)
     sc = {n: "*fp32" for n in ("k_scale_ptr", "v_scale_ptr", "c_scale_ptr", "pe_scale_ptr")}
     k = build_fp8(pd._decode_split_kernel,
               dict(q_ptr="*bf16", k_ptr="*fp8e4nv", v_ptr="*fp8e4nv", o_ptr="*bf16",
                    seq_lens_ptr="*i32", bt_ptr="*i32", lse_ptr="*fp32", **sc, **f32),
               dict(NUM_SPLITS=1, BLOCK_SIZE=16, TILE_N=64, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128,
-                   STORE_LSE=False, DOT_PRECISION="tf32", KV_FP8=True), num_warps=4, num_stages=2)
+                   STORE_LSE=False, DOT_PRECISION="tf32", KV_FP8=True, **off), num_warps=4,
+              num_stages=2)
     assert "mma.sync" in k.asm["ptx"]
     build_fp8(pp._paged_prefill_kernel,
           dict(q_ptr="*bf16", k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv", out_ptr="*bf16",
                qsl_ptr="*i32", seq_lens_ptr="*i32", bt_ptr="*i32", **sc, **f32),
           dict(G=4, BLOCK_Q=16, BLOCK_M=64, TILE_N=64, HEAD_DIM=128, BLOCK_SIZE=16,
-               DOT_PRECISION="tf32", KV_FP8=True), num_warps=4, num_stages=3)
+               DOT_PRECISION="tf32", KV_FP8=True, **off), num_warps=4, num_stages=3)
     build_fp8(md._mla_split_kernel,
           dict(qn_ptr="*bf16", qp_ptr="*bf16", kv_ptr="*fp8e4nv", o_ptr="*bf16",
                seq_lens_ptr="*i32", bt_ptr="*i32", lse_ptr="*fp32", **sc, **f32),

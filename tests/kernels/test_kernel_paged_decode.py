@@ -49,44 +49,54 @@ def make_case(lens, block_size, num_kv_heads, group, head_dim, dtype, seed=0, de
     )
 
 
-def dense_attention(q, k_cache, v_cache, seq_lens, table, scale):
-    """Plain softmax attention per request in fp64 over its gathered keys: (out, lse)."""
+def dense_attention(q, k_cache, v_cache, seq_lens, table, scale, window=None, sinks=None,
+                    softcap=None):
+    """Plain softmax attention per request in fp64 over its gathered keys: (out, lse). With a
+    window only the last `window` keys; scores soft-capped (softcap * tanh(s / softcap)); each
+    head's sink logit one more column of the softmax (and of lse), with no value."""
     b, h, d = q.shape
     bs, hkv = k_cache.shape[1], k_cache.shape[2]
     out = torch.zeros(b, h, d, dtype=torch.float64)
     lse = torch.full((b, h), float("-inf"), dtype=torch.float64)
     for i, n in enumerate(seq_lens.tolist()):
-        if n == 0:
+        if n == 0 and sinks is None:
             continue
-        pos = torch.arange(n)
+        pos = torch.arange(max(0, n - window) if window else 0, n)
         blocks, slots = table[i].cpu().long()[pos // bs], pos % bs
         k = k_cache.cpu()[blocks, slots].double().repeat_interleave(h // hkv, dim=1)  # [L, H, D]
         v = v_cache.cpu()[blocks, slots].double().repeat_interleave(h // hkv, dim=1)
         scores = torch.einsum("hd,lhd->hl", q[i].cpu().double(), k) * scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        if sinks is not None:
+            scores = torch.cat((scores, sinks.cpu().double()[:, None]), -1)
         lse[i] = scores.logsumexp(-1)
-        out[i] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v)
+        out[i] = torch.einsum("hl,lhd->hd", scores.softmax(-1)[:, :len(pos)], v)
     return out, lse
 
 
-def run_decode(case, num_splits, workspace=None, with_lse=True):
+def run_decode(case, num_splits, workspace=None, with_lse=True, **features):
     q, k_cache, v_cache, seq_lens, table = case
     out = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:2], float("nan"), device=q.device) if with_lse else None
     scale = q.shape[-1] ** -0.5
     paged_decode_attention(q, k_cache, v_cache, out, seq_lens, table, scale, num_splits,
-                           workspace=workspace, lse=lse)
+                           workspace=workspace, lse=lse, **features)
     return out, lse
 
 
-def check_against_ref_and_dense(case, num_splits):
-    """Kernel output and lse agree with the split reference and with dense attention."""
+def check_against_ref_and_dense(case, num_splits, **features):
+    """Kernel output and lse agree with the split reference and with dense attention (over
+    `dense_case`: the case before keys outside the window were poisoned, default `case`)."""
+    dense_case = features.pop("dense_case", case)
     q, k_cache, v_cache, seq_lens, table = case
     scale = q.shape[-1] ** -0.5
-    out, lse = run_decode(case, num_splits)
+    out, lse = run_decode(case, num_splits, **features)
     ref_out = torch.empty_like(q)
     ref_lse = paged_decode_attention_ref(q, k_cache, v_cache, ref_out, seq_lens, table, scale,
-                                         num_splits)
-    dense_out, dense_lse = dense_attention(q, k_cache, v_cache, seq_lens, table, scale)
+                                         num_splits, **features)
+    dense_out, dense_lse = dense_attention(*dense_case, scale, features.get("sliding_window"),
+                                           features.get("sinks"), features.get("softcap"))
     tol = TOL[q.dtype]
     assert not out.isnan().any() and not lse.isnan().any()
     torch.testing.assert_close(out, ref_out, atol=tol, rtol=tol)
@@ -114,6 +124,60 @@ def test_decode_matches_reference_and_dense(
     lens = data.draw(st.lists(short_or_long, min_size=1, max_size=3), label="lens")
     case = make_case(lens, block_size, num_kv_heads, group, head_dim, dtype, seed)
     check_against_ref_and_dense(case, num_splits)
+
+
+def poison_outside_window(case, window):
+    """The case with every key a query cannot see through its window read as NaN: cache rows
+    below seq_len - window, and the block-table entries of blocks wholly below it pointing at
+    the null block 0 (as a hybrid KV cache leaves them; NaN here). A kernel that reads any of
+    them, even masked out afterwards, gives NaN."""
+    q, k_cache, v_cache, seq_lens, table = (t.clone() for t in case)
+    bs = k_cache.shape[1]
+    for b, n in enumerate(seq_lens.tolist()):
+        lo = max(0, n - window)
+        pos = torch.arange(lo, device=table.device)
+        blocks, slots = table[b, pos // bs].long(), pos % bs
+        k_cache[blocks, slots] = float("nan")
+        v_cache[blocks, slots] = float("nan")
+        table[b, : lo // bs] = 0
+    return q, k_cache, v_cache, seq_lens, table
+
+
+# windows: a query sees itself only (1), fewer keys than most requests (7), exactly request 1's
+# keys (37), more than any (500: the window changes nothing)
+FEATURES = {"window1": dict(sliding_window=1), "window7": dict(sliding_window=7),
+            "window37": dict(sliding_window=37), "window500": dict(sliding_window=500),
+            "sinks": dict(sinks=True), "softcap": dict(softcap=0.8),
+            "all": dict(sliding_window=20, sinks=True, softcap=0.8)}
+
+
+@pytest.mark.parametrize(("features", "num_splits", "hkv", "dtype"), [
+    *((f, splits, 1, torch.float32) for f in FEATURES for splits in (1, 3)),
+    *((f, 8, 2, torch.float16) for f in ("window7", "all")),  # the interpreter's costliest
+])
+def test_features_match_reference_and_dense(features, num_splits, hkv, dtype):
+    """Sliding window, sinks, soft cap (and all three) against the split reference and dense
+    attention, one split (the direct path: the sink in its only split) or several (the sink in
+    split 0's LSE, merged once; with 8, the short requests leave splits empty). Keys outside
+    the window are NaN: the splits cover the window only."""
+    case = make_case([1, 37, 90, 5], 4, hkv, 4, 16, dtype, seed=len(features))
+    kw = dict(FEATURES[features])
+    if kw.pop("sinks", False):
+        kw["sinks"] = torch.linspace(-2.0, 3.0, case[0].shape[1], device=case[0].device)
+    run_case = case
+    if "sliding_window" in kw:
+        run_case = poison_outside_window(case, kw["sliding_window"])
+    check_against_ref_and_dense(run_case, num_splits, dense_case=case, **kw)
+
+
+def test_a_sink_counts_once_in_an_empty_row():
+    """A padded batch row (no keys) with sinks: zeros, and lse = the sink, split or not."""
+    case = make_case([3, 0], 4, 1, 2, 16, torch.float32, seed=7)
+    sinks = torch.tensor([0.5, -1.0], device=case[0].device)
+    for splits in (1, 4):
+        out, lse = run_decode(case, splits, sinks=sinks)
+        assert not out[1].any()
+        torch.testing.assert_close(lse[1], sinks)
 
 
 @pytest.mark.parametrize(
@@ -228,12 +292,14 @@ _COMPILE_SCRIPT = """
         cfg = pd._launch_config(hd)
         types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}
         types.update(seq_lens_ptr="*i32", bt_ptr="*i32", lse_ptr="*fp32", qk_scale="fp32",
-                     k_scale_ptr="*fp32", v_scale_ptr="*fp32")
+                     k_scale_ptr="*fp32", v_scale_ptr="*fp32", sinks_ptr="*fp32",
+                     softcap="fp32")
         if splits > 1:
             types["o_ptr"] = "*fp32"
+        features = splits == 8  # window, sinks and soft cap on one variant
         consts = dict(NUM_SPLITS=splits, BLOCK_SIZE=16, TILE_N=cfg["TILE_N"], BLOCK_G=16,
                       HEAD_DIM=hd, BLOCK_D=hd, STORE_LSE=True, DOT_PRECISION="tf32",
-                      KV_FP8=False)
+                      KV_FP8=False, SLIDING=features, SINKS=features, SOFTCAP=features)
         aligned = {n for n in fn.arg_names if n.endswith("_ptr") or n.startswith("stride")}
         k = build(fn, types, consts, aligned - {"stride_os", "stride_ls"},
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
@@ -268,5 +334,35 @@ def test_decode_bf16_cuda(num_splits):
     ref = torch.empty_like(q)
     ref_lse = paged_decode_attention_ref(q, k_cache, v_cache, ref, seq_lens, table,
                                          q.shape[-1] ** -0.5, splits)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("features", ["window", "sinks", "softcap", "all"])
+def test_decode_features_bf16_cuda(features):
+    """Llama-8B-like decode (B=32, ctx ~4k, GQA 32:8, d=128, block 16, bf16) with a sliding
+    window of 1000 (keys below it NaN: never read), sinks, a soft cap of 30, or all three;
+    splits as the backend picks them (by the window's keys)."""
+    torch.manual_seed(0)
+    lens = torch.randint(3500, 4097, (32,)).tolist()
+    case = make_case(lens, 16, num_kv_heads=8, group=4, head_dim=128, dtype=torch.bfloat16,
+                     device="cuda")
+    kw = {}
+    if features in ("window", "all"):
+        kw["sliding_window"] = 1000
+    if features in ("sinks", "all"):
+        kw["sinks"] = torch.randn(32, device="cuda")
+    if features in ("softcap", "all"):
+        kw["softcap"] = 30.0
+    splits = choose_num_splits(32, kw.get("sliding_window", 4096), num_kv_heads=8)
+    run_case = poison_outside_window(case, kw["sliding_window"]) if "sliding_window" in kw \
+        else case
+    out, lse = run_decode(run_case, splits, workspace=DecodeWorkspace(), **kw)
+    q, k_cache, v_cache, seq_lens, table = case
+    ref = torch.empty_like(q)
+    ref_lse = paged_decode_attention_ref(q, k_cache, v_cache, ref, seq_lens, table,
+                                         q.shape[-1] ** -0.5, splits, **kw)
+    assert not out.isnan().any()
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)

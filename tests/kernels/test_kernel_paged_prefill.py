@@ -93,11 +93,62 @@ def dense_attention(batch: Batch) -> torch.Tensor:
     return out
 
 
+def dense_features(batch: Batch, window=None, sinks=None, softcap=None) -> torch.Tensor:
+    """Independent float64 check of the features, spelled out per request on the dense K/V:
+    scores soft-capped (softcap * tanh(s / softcap)), query i sees key j iff j <= i and
+    i - j < window, each head's sink logit one more softmax column with no value."""
+    out = torch.full_like(batch.q, SENTINEL, dtype=torch.float64)
+    qsl = batch.query_start_loc.tolist()
+    for b, (k, v) in enumerate(zip(batch.keys, batch.values)):
+        q = batch.q[qsl[b]:qsl[b + 1]].double()
+        g = q.shape[1] // k.shape[1]
+        k, v = k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * batch.scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        qpos = (k.shape[0] - q.shape[0] + torch.arange(q.shape[0], device=q.device))[:, None]
+        kpos = torch.arange(k.shape[0], device=q.device)[None, :]
+        seen = (kpos <= qpos) & (qpos - kpos < (window or k.shape[0] + 1))
+        scores = scores.masked_fill(~seen, float("-inf"))
+        if sinks is not None:
+            sink = sinks.double()[:, None, None].expand(-1, q.shape[0], 1)
+            scores = torch.cat((scores, sink), -1)
+        probs = scores.softmax(-1)[..., :k.shape[0]]
+        out[qsl[b]:qsl[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v)
+    return out
+
+
+def poison_outside_window(batch: Batch, window: int) -> Batch:
+    """The batch with every key no query of its request can see through the window (below
+    ctx - window + 1, ctx = the request's cached tokens) read as NaN: those cache rows, and the
+    block-table entries of blocks wholly below them pointing at the null block 0 (NaN), as a
+    hybrid KV cache leaves them. A kernel that reads any of them gives NaN."""
+    kv_cache, table = batch.kv_cache.clone(), batch.block_table.clone()
+    bs = kv_cache.shape[2]
+    q_lens = batch.query_start_loc.diff().tolist()
+    for b, (seq_len, q_len) in enumerate(zip(batch.seq_lens.tolist(), q_lens)):
+        lo = max(0, seq_len - q_len - window + 1)
+        pos = torch.arange(lo, device=table.device)
+        kv_cache[:, table[b, pos // bs].long(), pos % bs] = float("nan")
+        table[b, : lo // bs] = 0
+    return Batch(batch.q, kv_cache, batch.query_start_loc, batch.seq_lens, table,
+                 batch.max_query_len, batch.scale, batch.keys, batch.values)
+
+
 def check(batch: Batch, **kw) -> None:
-    """Kernel vs reference vs dense; padding rows of `out` untouched."""
-    got = run(paged_attention, batch, **kw)
-    want = run(paged_attention_ref, batch)
-    dense = dense_attention(batch)
+    """Kernel vs reference vs dense; padding rows of `out` untouched. With features
+    (sliding_window, sinks, softcap in kw) the keys outside the window are poisoned first and
+    the dense check is `dense_features`."""
+    features = {f: kw.pop(f) for f in ("sliding_window", "sinks", "softcap") if f in kw}
+    if features:
+        dense = dense_features(batch, features.get("sliding_window"), features.get("sinks"),
+                               features.get("softcap"))
+        if features.get("sliding_window"):
+            batch = poison_outside_window(batch, features["sliding_window"])
+    else:
+        dense = dense_attention(batch)
+    got = run(paged_attention, batch, **kw, **features)
+    want = run(paged_attention_ref, batch, **features)
     tol = TOL[batch.q.dtype]
     n = int(batch.query_start_loc[-1])
     assert torch.all(got[n:] == SENTINEL)
@@ -130,6 +181,49 @@ def batches(draw):
                                                dict(block_m=16, tile_n=32)]))
 def test_matches_reference_and_dense(spec, tiles):
     check(make_batch(**spec), **tiles)
+
+
+@st.composite
+def features(draw, n_heads: int):
+    """A layer's features: any of a window (1, short, or past every context), sinks and a
+    soft cap, at least one."""
+    which = draw(st.sets(st.sampled_from(["sliding_window", "sinks", "softcap"]), min_size=1))
+    kw = {}
+    if "sliding_window" in which:
+        kw["sliding_window"] = draw(st.one_of(st.just(1), st.integers(1, 40), st.just(200)))
+    if "sinks" in which:
+        kw["sinks"] = torch.linspace(-2.0, 3.0, n_heads, device=DEVICE) + draw(st.floats(-2, 2))
+    if "softcap" in which:
+        kw["softcap"] = draw(st.sampled_from([0.5, 2.0]))
+    return kw
+
+
+@settings(max_examples=15)
+@given(spec=batches(), data=st.data(),
+       tiles=st.sampled_from([{}, dict(block_m=16, tile_n=16), dict(block_m=32, tile_n=16)]))
+def test_features_match_reference_and_dense(spec, data, tiles):
+    """Mixed batches with a sliding window, sinks and / or a soft cap; keys outside the window
+    are NaN (never read)."""
+    kw = data.draw(features(spec["hkv"] * spec["group"]), label="features")
+    check(make_batch(**spec), **tiles, **kw)
+
+
+@pytest.mark.parametrize("window", [1, 5, 37, 60, 64, 65, 500])
+def test_window_tiles_skipped_masked_and_whole(window):
+    """16-key tiles and 16-query blocks over a 64-token context and 40 new tokens: a q-block
+    at positions p0 .. p0 + 15 starts at the tile of p0 - window + 1 (the tiles below are
+    never read: NaN), masks the window's edge, runs unmasked tiles where every row sees the
+    whole tile (window 60: two of them) and masks the causal edge. Window 1: a row sees
+    itself only; 64 and 65: around the context's length; 500: past every position."""
+    batch = make_batch([40, 1, 7], [64, 64, 0], 4, 1, 1, 16, torch.float32, seed=window)
+    check(batch, block_m=16, tile_n=16, sliding_window=window)
+
+
+def test_all_features_gqa_fp16():
+    """Window, sinks and soft cap at once, GQA 4 at d = 64, fp16, a non-power-of-two block."""
+    batch = make_batch([9, 1, 20], [23, 40, 0], 7, 2, 4, 64, torch.float16, seed=11)
+    sinks = torch.linspace(-1.0, 2.0, 8, device=DEVICE)
+    check(batch, block_m=32, tile_n=16, sliding_window=13, sinks=sinks, softcap=1.5)
 
 
 def test_d128_gqa4():
@@ -192,3 +286,20 @@ def test_bf16_cuda_realistic():
     batch = make_batch([1024, 1, 200, 37], [0, 1023, 824, 990], 16, 8, 4, 128,
                        torch.bfloat16, seed=9, device="cuda")
     check(batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("features", ["window", "sinks", "softcap", "all"])
+def test_bf16_cuda_features(features):
+    """The realistic bf16 mixed batch with a sliding window of 300 (keys below every query's
+    window NaN: never read), sinks, a soft cap of 30, or all three; the kernel's own tiles."""
+    batch = make_batch([1024, 1, 200, 37], [0, 1023, 824, 990], 16, 8, 4, 128,
+                       torch.bfloat16, seed=12, device="cuda")
+    kw = {}
+    if features in ("window", "all"):
+        kw["sliding_window"] = 300
+    if features in ("sinks", "all"):
+        kw["sinks"] = torch.randn(32, device="cuda")
+    if features in ("softcap", "all"):
+        kw["softcap"] = 30.0
+    check(batch, **kw)

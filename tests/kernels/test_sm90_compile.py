@@ -118,16 +118,22 @@ def _decode_split(build) -> None:
     fn = pd._decode_split_kernel
     aligned = {n for n in fn.arg_names if n.endswith("_ptr") or n.startswith("stride")}
     aligned -= {"stride_os", "stride_ls"}
-    for splits, hd, q, kv in ((1, 128, "bf16", "bf16"), (8, 256, "fp16", "fp16"),
-                              (4, 128, "bf16", "fp8e4nv")):
+    # features: a sliding window, sinks and a soft cap (the layer's ATTENTION_FEATURES)
+    for splits, hd, q, kv, features in ((1, 128, "bf16", "bf16", False),
+                                        (8, 256, "fp16", "fp16", False),
+                                        (4, 128, "bf16", "fp8e4nv", False),
+                                        (1, 128, "bf16", "bf16", True),
+                                        (4, 64, "bf16", "fp8e4nv", True)):
         consts, opts = _tiles(pd._launch_config(hd))
         fp8 = kv == "fp8e4nv"
         consts.update(NUM_SPLITS=splits, BLOCK_SIZE=16, BLOCK_G=16, HEAD_DIM=hd, BLOCK_D=hd,
-                      STORE_LSE=splits > 1, DOT_PRECISION="tf32", KV_FP8=fp8)
+                      STORE_LSE=splits > 1, DOT_PRECISION="tf32", KV_FP8=fp8,
+                      SLIDING=features, SINKS=features, SOFTCAP=features)
         scale = "*fp32" if fp8 else "*i32"  # unused pointers are seq_lens
         types = dict(q_ptr=f"*{q}", k_ptr=f"*{kv}", v_ptr=f"*{kv}", seq_lens_ptr="*i32",
                      bt_ptr="*i32", o_ptr="*fp32" if splits > 1 else f"*{q}", lse_ptr="*fp32",
-                     k_scale_ptr=scale, v_scale_ptr=scale, qk_scale="fp32")
+                     k_scale_ptr=scale, v_scale_ptr=scale, qk_scale="fp32",
+                     sinks_ptr="*fp32" if features else "*i32", softcap="fp32")
         assert "mma.sync" in _compile(build, fn, types, consts, aligned, **opts), (splits, hd, kv)
 
 
@@ -146,16 +152,23 @@ def _paged_prefill(build) -> None:
     from lab.kernels import paged_prefill as pp
 
     fn = pp._paged_prefill_kernel
-    for qlen, g, hd, q, kv in ((1, 4, 128, "bf16", "bf16"), (2048, 8, 128, "fp16", "fp16"),
-                               (512, 1, 256, "bf16", "bf16"), (16, 4, 128, "bf16", "fp8e4nv")):
+    # features: a sliding window, sinks and a soft cap (the layer's ATTENTION_FEATURES)
+    for qlen, g, hd, q, kv, features in ((1, 4, 128, "bf16", "bf16", False),
+                                         (2048, 8, 128, "fp16", "fp16", False),
+                                         (512, 1, 256, "bf16", "bf16", False),
+                                         (16, 4, 128, "bf16", "fp8e4nv", False),
+                                         (2048, 8, 128, "bf16", "bf16", True),
+                                         (16, 4, 64, "bf16", "fp8e4nv", True)):
         consts, opts = _tiles(pp.pick_config(qlen, g, hd, 2))
         fp8 = kv == "fp8e4nv"
         consts.update(G=g, BLOCK_Q=consts["BLOCK_M"] // g, HEAD_DIM=hd, BLOCK_SIZE=16,
-                      DOT_PRECISION="tf32", KV_FP8=fp8)
+                      DOT_PRECISION="tf32", KV_FP8=fp8, SLIDING=features, SINKS=features,
+                      SOFTCAP=features)
         scale = "*fp32" if fp8 else "*i32"
         types = dict(q_ptr=f"*{q}", k_cache_ptr=f"*{kv}", v_cache_ptr=f"*{kv}", out_ptr=f"*{q}",
                      qsl_ptr="*i32", seq_lens_ptr="*i32", bt_ptr="*i32", k_scale_ptr=scale,
-                     v_scale_ptr=scale, qk_scale="fp32")
+                     v_scale_ptr=scale, qk_scale="fp32",
+                     sinks_ptr="*fp32" if features else "*i32", softcap="fp32")
         assert "mma" in _compile(build, fn, types, consts, **opts), (qlen, g, hd, kv)
 
 
