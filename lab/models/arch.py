@@ -11,6 +11,7 @@ The model class holds its spec (`CausalLM.arch_spec`) and builds its layers from
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from importlib import import_module
 from typing import TYPE_CHECKING, ClassVar
 
@@ -47,6 +48,23 @@ class ArchSpec(ABC):
         a family with per-layer attention (Gemma, gpt-oss, Qwen2's layer_types) overrides it,
         keeping one KV layout (heads, head_dim) for every layer."""
         return [cls.attention_spec(hf_config, tp_size)] * hf_config.num_hidden_layers
+
+
+def layer_type_windows(hf_config, layer_types: list[str] | None = None) -> list[int | None]:
+    """Each layer's sliding window as transformers reads `layer_types`: the config's
+    `sliding_window` for a "sliding_attention" layer, None (full attention) for any other and
+    when the config has no window. `layer_types`: the config's own when None (every layer
+    full when it has none)."""
+    types = layer_types or getattr(hf_config, "layer_types", None)
+    types = types or ["full_attention"] * hf_config.num_hidden_layers
+    window = getattr(hf_config, "sliding_window", None)
+    return [window if kind == "sliding_attention" else None for kind in types]
+
+
+def with_windows(spec: AttentionSpec, windows: list[int | None], **features) -> list[AttentionSpec]:
+    """One spec per layer: `spec` with that layer's sliding window (and `features`, the
+    AttentionSpec fields every layer shares, e.g. sinks=True)."""
+    return [replace(spec, sliding_window=window, **features) for window in windows]
 
 
 def check_tp_divisible(hf_config, tp_size: int, fields: tuple[str, ...]) -> None:

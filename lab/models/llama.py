@@ -4,7 +4,9 @@ What each family is from its config alone (flags, attention spec) is lab/models/
 One flat token batch per step (requests back to back, see lab/attention/base.py); attention is
 delegated to the engine's AttentionBackend with explicit per-step metadata (no globals).
 RMSNorm, RoPE and SiLU·mul run through the `LayerOps` given to the model (PyTorch or Triton);
-one RotaryEmbedding (cos/sin tables) is shared by every attention layer.
+one RotaryEmbedding (cos/sin tables) is shared by every attention layer. Each attention layer
+passes the backend the features of its own spec (`CausalLM.layer_specs`): Mistral's and
+Qwen2/Qwen3's sliding windows (which layers slide: lab/models/llama_arch.py).
 Weights are stored fused: qkv_proj = | q | k | v |, gate_up_proj = | gate | up |. The decoder
 layer and stack forwards (pre-norm, residual carried) are lab/layers/decoder.py's.
 
@@ -22,6 +24,7 @@ import torch
 from torch import nn
 
 from lab.attention.base import AttentionBackend
+from lab.attention.spec import AttentionSpec
 from lab.distributed.parallel_state import GroupCoordinator
 from lab.layers.decoder import DecoderStack, GatedMLP, PreNormDecoderLayer, check_silu
 from lab.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -58,15 +61,17 @@ SKIPPED = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cache
 
 
 class LlamaAttention(nn.Module):
-    """Fused qkv projection, optional per-head q/k norm, RoPE, backend attention, o_proj
-    (this rank's heads; o_proj all-reduces)."""
+    """Fused qkv projection, optional per-head q/k norm, RoPE, backend attention with the
+    layer's features (`spec`: its sliding window), o_proj (this rank's heads; o_proj
+    all-reduces)."""
 
     def __init__(
-        self, cfg, arch: LlamaArch, layer_idx: int, backend: AttentionBackend,
+        self, cfg, arch: LlamaArch, layer_idx: int, spec: AttentionSpec, backend: AttentionBackend,
         rotary_emb: RotaryEmbedding, ops: LayerOps, tp: GroupCoordinator,
     ):
         super().__init__()
         self.layer_idx = layer_idx
+        self.attn_kwargs = spec.forward_kwargs()
         self.rotary_emb = rotary_emb  # shared with the model and the other layers
         self.backend = backend
         self.head_dim = head_dim_of(cfg)
@@ -85,7 +90,8 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
-        out = self.backend.forward(self.layer_idx, q, k, v, kv_cache, metadata, self.scale)
+        out = self.backend.forward(self.layer_idx, q, k, v, kv_cache, metadata, self.scale,
+                                   **self.attn_kwargs)
         return self.o_proj(out.reshape(out.shape[0], -1))
 
 
@@ -93,11 +99,11 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
     """Pre-norm attention + MLP block carrying the residual stream separately."""
 
     def __init__(
-        self, cfg, arch: LlamaArch, layer_idx: int, backend: AttentionBackend,
+        self, cfg, arch: LlamaArch, layer_idx: int, spec: AttentionSpec, backend: AttentionBackend,
         rotary_emb: RotaryEmbedding, ops: LayerOps, tp: GroupCoordinator,
     ):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, arch, layer_idx, backend, rotary_emb, ops, tp)
+        self.self_attn = LlamaAttention(cfg, arch, layer_idx, spec, backend, rotary_emb, ops, tp)
         check_silu(cfg)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ops, arch.mlp_bias, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
@@ -106,16 +112,17 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
 
 
 class LlamaModel(DecoderStack):
-    """Embedding, decoder layers, final norm (HF's `model.` prefix)."""
+    """Embedding, decoder layers, final norm (HF's `model.` prefix); `layer_specs`: each
+    layer's attention spec."""
 
-    def __init__(self, cfg, arch: LlamaArch, backend: AttentionBackend, ops: LayerOps,
-                 tp: GroupCoordinator):
+    def __init__(self, cfg, arch: LlamaArch, layer_specs: list[AttentionSpec],
+                 backend: AttentionBackend, ops: LayerOps, tp: GroupCoordinator):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp=tp)
         self.rotary_emb = RotaryEmbedding.from_hf_config(cfg, head_dim_of(cfg), ops=ops)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, arch, i, backend, self.rotary_emb, ops, tp)
-            for i in range(cfg.num_hidden_layers)
+            LlamaDecoderLayer(cfg, arch, i, spec, backend, self.rotary_emb, ops, tp)
+            for i, spec in enumerate(layer_specs)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
 
@@ -134,7 +141,8 @@ class LlamaForCausalLM(CausalLM):
         cfg = hf_config
         check_tp_divisible(cfg, self.tp.world_size, ("intermediate_size",))
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.model = LlamaModel(cfg, self.arch_spec.arch(cfg), attn_backend, self.ops, self.tp)
+        self.model = LlamaModel(cfg, self.arch_spec.arch(cfg), self.layer_specs, attn_backend,
+                                self.ops, self.tp)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp=self.tp)
         if self.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
@@ -183,13 +191,14 @@ class LlamaForCausalLM(CausalLM):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral: the Llama layout (sliding window not applied: exact while seq_len <= window)."""
+    """Mistral: the Llama layout, every layer sliding over `sliding_window` when it is set."""
 
     arch_spec = MistralSpec
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
-    """Qwen2: bias on q/k/v (not on o_proj)."""
+    """Qwen2: bias on q/k/v (not on o_proj); sliding windows on the layers `layer_types` (or
+    use_sliding_window / max_window_layers) marks."""
 
     arch_spec = Qwen2Spec
 

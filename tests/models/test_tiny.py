@@ -83,7 +83,7 @@ def test_tokenizer_loads_and_round_trips(tiny_path, name):
     assert (tok.eos_token_id, tok.vocab_size) == (EOS_ID, 512)
 
 
-@pytest.mark.parametrize("name", tiny_models("gqa"))  # MLA: tests/models/test_deepseek.py
+@pytest.mark.parametrize("name", tiny_models("gqa") + tiny_models("hybrid"))  # MLA: test_deepseek.py
 def test_greedy_margins_are_decisive(tiny_path, name):
     model, _ = load_model(tiny_path(name), DenseCausalBackend(), torch.float32, "cpu")
     gen = torch.Generator().manual_seed(0)
