@@ -19,6 +19,7 @@ heads with its own KV cache.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -75,15 +76,23 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = rotary_emb  # shared with the model and the other layers
         self.backend = backend
         self.head_dim = head_dim_of(cfg)
-        self.scale = self.head_dim**-0.5  # RoPE attention scaling is already inside cos/sin
+        self.scale = self.softmax_scale(cfg)
         heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, self.head_dim, heads, kv_heads,
                                           arch.qkv_bias, tp=tp)
         self.o_proj = RowParallelLinear(heads * self.head_dim, cfg.hidden_size, arch.o_bias, tp=tp)
         if arch.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops=ops)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops=ops)
+            self.q_norm = self.head_norm(cfg, ops)
+            self.k_norm = self.head_norm(cfg, ops)
         self.qk_norm = arch.qk_norm
+
+    def softmax_scale(self, cfg) -> float:
+        """head_dim^-0.5 (RoPE's attention scaling is already inside cos/sin)."""
+        return self.head_dim**-0.5
+
+    def head_norm(self, cfg, ops: LayerOps) -> nn.Module:
+        """The per-head norm of q or k (Qwen3: RMSNorm over head_dim)."""
+        return RMSNorm(self.head_dim, cfg.rms_norm_eps, ops=ops)
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor, kv_cache, metadata) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(h))
@@ -129,9 +138,14 @@ class LlamaModel(DecoderStack):
 
 
 class LlamaForCausalLM(CausalLM):
-    """A Llama-layout causal LM run on a flat token batch with paged attention."""
+    """A Llama-layout causal LM run on a flat token batch with paged attention: embedding,
+    `stack_class`'s decoder layers and final norm (HF's `model.`), the LM head. Families of the
+    same checkpoint layout (fused q/k/v and gate/up at load) subclass it with their own stack
+    (lab/models/gemma.py, gpt_oss.py)."""
 
     arch_spec = LlamaSpec
+    #: the `model.` module: built as stack_class(cfg, arch, layer_specs, backend, ops, tp)
+    stack_class: ClassVar[type[nn.Module]] = LlamaModel
 
     def __init__(
         self, hf_config, attn_backend: AttentionBackend, ops: LayerOps | None = None,
@@ -139,13 +153,18 @@ class LlamaForCausalLM(CausalLM):
     ):
         super().__init__(hf_config, attn_backend, ops, tp, expert_parallel)
         cfg = hf_config
-        check_tp_divisible(cfg, self.tp.world_size, ("intermediate_size",))
+        self.check_tp(cfg, self.tp.world_size, expert_parallel)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.model = LlamaModel(cfg, self.arch_spec.arch(cfg), self.layer_specs, attn_backend,
-                                self.ops, self.tp)
+        self.model = self.stack_class(cfg, self.arch_spec.arch(cfg), self.layer_specs,
+                                      attn_backend, self.ops, self.tp)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp=self.tp)
         if self.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
+
+    @classmethod
+    def check_tp(cls, cfg, tp_size: int, expert_parallel: bool) -> None:
+        """ValueError naming a config field `tp_size` does not divide (the MLP's width)."""
+        check_tp_divisible(cfg, tp_size, ("intermediate_size",))
 
     def forward(
         self,

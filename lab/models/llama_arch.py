@@ -27,6 +27,7 @@ class LlamaArch:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    post_norms: bool = False  # Gemma: a norm after attention and after the MLP too (4 a layer)
 
 
 def head_dim_of(cfg) -> int:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from lab.models.arch import ArchSpec
 from lab.models.deepseek_arch import DeepseekV2Spec, DeepseekV3Spec
+from lab.models.gemma_arch import Gemma2Spec, Gemma3Spec
 from lab.models.llama_arch import LlamaSpec, MistralSpec, Qwen2Spec, Qwen3Spec
 
 if TYPE_CHECKING:
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 ARCHITECTURES: dict[str, type[ArchSpec]] = {
     "DeepseekV2ForCausalLM": DeepseekV2Spec,
     "DeepseekV3ForCausalLM": DeepseekV3Spec,
+    "Gemma2ForCausalLM": Gemma2Spec,
+    "Gemma3ForCausalLM": Gemma3Spec,
     "LlamaForCausalLM": LlamaSpec,
     "MistralForCausalLM": MistralSpec,
     "Qwen2ForCausalLM": Qwen2Spec,

@@ -2,8 +2,8 @@
 active per token), FLOPs per token, KV-cache bytes per token. What the simulator plans its cache
 and predicts its step times from.
 
-Families: Llama-style (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with per-head q/k norms) and
-DeepSeek (MLA attention, MoE MLP). What differs between families is asked of the architecture's
+Families: Llama-style (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with per-head q/k norms,
+Gemma-2 / Gemma-3 with four norms a layer), DeepSeek (MLA attention, MoE MLP). What differs between families is asked of the architecture's
 spec, the torch-free half of lab's model classes that the classes build their layers from
 (`arch_spec`, lab/models/registry.py): the attention spec (`attention_spec`, whose
 `kv_elems_per_token` the backends size the cache by), a Llama family's `arch` (biases, q/k
@@ -12,7 +12,7 @@ so the counts equal the loaded models' without importing any model code.
 
 Per decoder layer, a Llama-style model holds
 
-    | q, k, v, o projections | gate, up, down (MLP) | 2 RMSNorms | (q/k norms, biases) |
+    | q, k, v, o projections | gate, up, down (MLP) | 2 RMSNorms (Gemma: 4) | (q/k norms, biases) |
 
 and a DeepSeek layer
 
@@ -77,6 +77,7 @@ class ModelShape:
     o_bias: bool = False
     qk_norm: bool = False
     mlp_bias: bool = False
+    post_norms: bool = False  # Gemma: a norm after attention and after the MLP too
     kv_elems_per_token: int = 0  # per layer (AttentionSpec.kv_elems_per_token)
     # MLA (DeepSeek): kv_lora_rank > 0
     kv_lora_rank: int = 0
@@ -120,7 +121,8 @@ class ModelShape:
         check_tp_divisible(cfg, tp, ("intermediate_size",))  # as LlamaForCausalLM does
         flags = family.arch(cfg)
         return cls(**common, head_dim=spec.head_dim, qkv_bias=flags.qkv_bias,
-                   o_bias=flags.o_bias, qk_norm=flags.qk_norm, mlp_bias=flags.mlp_bias)
+                   o_bias=flags.o_bias, qk_norm=flags.qk_norm, mlp_bias=flags.mlp_bias,
+                   post_norms=flags.post_norms)
 
     @classmethod
     def _deepseek(cls, cfg: Any, family: type[DeepseekV2Spec], common: dict) -> ModelShape:
@@ -214,7 +216,8 @@ class ModelShape:
 
     def small_params(self) -> int:
         """Norms, biases and routers: parameters that are not linear weights or embeddings."""
-        per_layer = 2 * self.hidden_size + self.attention_small_params()
+        per_layer = (4 if self.post_norms else 2) * self.hidden_size
+        per_layer += self.attention_small_params()
         mlp_biases = self.mlp_bias * sum(2 * self.intermediate_size + self.hidden_size
                                          for i in range(self.num_layers)
                                          if not self.is_moe_layer(i))

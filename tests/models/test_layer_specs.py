@@ -65,3 +65,41 @@ def test_features_and_forward_keywords():
     assert mistral.forward_kwargs() == {"sliding_window": 16}
     llama = specs("llama", "LlamaForCausalLM", num_hidden_layers=1)[0]
     assert (llama.features, llama.forward_kwargs()) == (frozenset(), {})
+
+
+def test_gemma2_alternates_local_and_global_layers_all_soft_capped():
+    layer_specs = specs("gemma2", "Gemma2ForCausalLM", num_hidden_layers=4, sliding_window=16,
+                        attn_logit_softcapping=10.0)
+    assert windows(layer_specs) == [16, None, 16, None]  # transformers: layer 0 local
+    assert {s.logit_softcap for s in layer_specs} == {10.0}
+    assert layer_specs[0].forward_kwargs() == {"sliding_window": 16, "softcap": 10.0}
+    assert layer_specs[1].features == {"softcap"}
+    uncapped = specs("gemma2", "Gemma2ForCausalLM", num_hidden_layers=2,
+                     attn_logit_softcapping=None)
+    assert {s.logit_softcap for s in uncapped} == {None}
+
+
+def test_gemma3_makes_every_sixth_layer_global_and_applies_no_soft_cap():
+    layer_specs = specs("gemma3_text", "Gemma3ForCausalLM", num_hidden_layers=8,
+                        sliding_window=20, attn_logit_softcapping=50.0)
+    assert windows(layer_specs) == [20] * 5 + [None] + [20] * 2
+    assert {s.logit_softcap for s in layer_specs} == {None}  # as transformers' Gemma-3
+    explicit = specs("gemma3_text", "Gemma3ForCausalLM", num_hidden_layers=3, sliding_window=8,
+                     layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    assert windows(explicit) == [8, None, 8]
+
+
+def test_gemma3_refuses_bidirectional_attention():
+    with pytest.raises(ValueError, match="use_bidirectional_attention"):
+        specs("gemma3_text", "Gemma3ForCausalLM", num_hidden_layers=2,
+              use_bidirectional_attention=True)
+
+
+@pytest.mark.parametrize("model_type,arch", [("gemma2", "Gemma2ForCausalLM"),
+                                             ("gemma3_text", "Gemma3ForCausalLM")])
+def test_every_layer_keeps_one_kv_layout_on_each_rank(model_type, arch):
+    """The features differ by layer; the KV layout (kv heads, head_dim) does not."""
+    layer_specs = specs(model_type, arch, tp_size=2, num_hidden_layers=6, sliding_window=16)
+    assert {(s.num_heads, s.num_kv_heads, s.head_dim, s.kind) for s in layer_specs} == {
+        (2, 1, 16, "gqa")}
+    assert len({s.sliding_window for s in layer_specs}) == 2
