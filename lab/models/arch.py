@@ -50,6 +50,14 @@ class ArchSpec(ABC):
         return [cls.attention_spec(hf_config, tp_size)] * hf_config.num_hidden_layers
 
 
+def pattern_layer_types(hf_config, full_every: int) -> list[str]:
+    """The config's `layer_types`, or the default transformers fills them with for Gemma and
+    gpt-oss: layer i "full_attention" when (i + 1) % full_every == 0, else "sliding_attention"."""
+    return getattr(hf_config, "layer_types", None) or [
+        "sliding_attention" if (i + 1) % full_every else "full_attention"
+        for i in range(hf_config.num_hidden_layers)]
+
+
 def layer_type_windows(hf_config, layer_types: list[str] | None = None) -> list[int | None]:
     """Each layer's sliding window as transformers reads `layer_types`: the config's
     `sliding_window` for a "sliding_attention" layer, None (full attention) for any other and

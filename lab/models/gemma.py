@@ -124,7 +124,10 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
     """Gemma-2: local / global layers, attention and final logit soft caps."""
 
     arch_spec = Gemma2Spec
-    stack_class = GemmaModel
+
+    def build_stack(self, cfg, attn_backend: AttentionBackend) -> nn.Module:
+        return GemmaModel(cfg, self.arch_spec.arch(cfg), self.layer_specs, attn_backend,
+                          self.ops, self.tp)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """As LlamaForCausalLM's, soft-capped at final_logit_softcapping when set."""

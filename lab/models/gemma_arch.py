@@ -16,15 +16,8 @@ Gemma-3 makes every `sliding_window_pattern`-th layer (default 6) global):
 from __future__ import annotations
 
 from lab.attention.spec import AttentionSpec
-from lab.models.arch import layer_type_windows, with_windows
+from lab.models.arch import layer_type_windows, pattern_layer_types, with_windows
 from lab.models.llama_arch import LlamaArch, LlamaSpec
-
-
-def gemma_layer_types(cfg, pattern: int) -> list[str]:
-    """The config's `layer_types`, or transformers' default: every `pattern`-th layer global."""
-    return getattr(cfg, "layer_types", None) or [
-        "sliding_attention" if (i + 1) % pattern else "full_attention"
-        for i in range(cfg.num_hidden_layers)]
 
 
 class Gemma2Spec(LlamaSpec):
@@ -39,7 +32,7 @@ class Gemma2Spec(LlamaSpec):
 
     @classmethod
     def layer_types(cls, cfg) -> list[str]:
-        return gemma_layer_types(cfg, 2)
+        return pattern_layer_types(cfg, 2)
 
     @classmethod
     def attn_softcap(cls, cfg) -> float | None:
@@ -78,7 +71,7 @@ class Gemma3Spec(Gemma2Spec):
     def layer_types(cls, cfg) -> list[str]:
         pattern = (getattr(cfg, "sliding_window_pattern", None)
                    or getattr(cfg, "_sliding_window_pattern", None) or 6)  # transformers keeps it private
-        return gemma_layer_types(cfg, pattern)
+        return pattern_layer_types(cfg, pattern)
 
     @classmethod
     def attn_softcap(cls, cfg) -> float | None:

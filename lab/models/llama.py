@@ -19,7 +19,6 @@ heads with its own KV cache.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import ClassVar
 
 import torch
 from torch import nn
@@ -99,9 +98,14 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
-        out = self.backend.forward(self.layer_idx, q, k, v, kv_cache, metadata, self.scale,
-                                   **self.attn_kwargs)
+        out = self.attend(q, k, v, kv_cache, metadata)
         return self.o_proj(out.reshape(out.shape[0], -1))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache,
+               metadata) -> torch.Tensor:
+        """The backend's attention over this layer's KV cache, with the layer's features."""
+        return self.backend.forward(self.layer_idx, q, k, v, kv_cache, metadata, self.scale,
+                                    **self.attn_kwargs)
 
 
 class LlamaDecoderLayer(PreNormDecoderLayer):
@@ -139,13 +143,11 @@ class LlamaModel(DecoderStack):
 
 class LlamaForCausalLM(CausalLM):
     """A Llama-layout causal LM run on a flat token batch with paged attention: embedding,
-    `stack_class`'s decoder layers and final norm (HF's `model.`), the LM head. Families of the
+    decoder layers and final norm (HF's `model.`, `build_stack`), the LM head. Families of the
     same checkpoint layout (fused q/k/v and gate/up at load) subclass it with their own stack
     (lab/models/gemma.py, gpt_oss.py)."""
 
     arch_spec = LlamaSpec
-    #: the `model.` module: built as stack_class(cfg, arch, layer_specs, backend, ops, tp)
-    stack_class: ClassVar[type[nn.Module]] = LlamaModel
 
     def __init__(
         self, hf_config, attn_backend: AttentionBackend, ops: LayerOps | None = None,
@@ -155,11 +157,16 @@ class LlamaForCausalLM(CausalLM):
         cfg = hf_config
         self.check_tp(cfg, self.tp.world_size, expert_parallel)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.model = self.stack_class(cfg, self.arch_spec.arch(cfg), self.layer_specs,
-                                      attn_backend, self.ops, self.tp)
+        self.model = self.build_stack(cfg, attn_backend)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp=self.tp)
         if self.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
+
+    def build_stack(self, cfg, attn_backend: AttentionBackend) -> nn.Module:
+        """The `model.` module: embedding, decoder layers (each with its `layer_specs` entry),
+        final norm."""
+        return LlamaModel(cfg, self.arch_spec.arch(cfg), self.layer_specs, attn_backend,
+                          self.ops, self.tp)
 
     @classmethod
     def check_tp(cls, cfg, tp_size: int, expert_parallel: bool) -> None:

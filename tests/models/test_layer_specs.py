@@ -96,10 +96,30 @@ def test_gemma3_refuses_bidirectional_attention():
 
 
 @pytest.mark.parametrize("model_type,arch", [("gemma2", "Gemma2ForCausalLM"),
-                                             ("gemma3_text", "Gemma3ForCausalLM")])
+                                             ("gemma3_text", "Gemma3ForCausalLM"),
+                                             ("gpt_oss", "GptOssForCausalLM")])
 def test_every_layer_keeps_one_kv_layout_on_each_rank(model_type, arch):
     """The features differ by layer; the KV layout (kv heads, head_dim) does not."""
     layer_specs = specs(model_type, arch, tp_size=2, num_hidden_layers=6, sliding_window=16)
     assert {(s.num_heads, s.num_kv_heads, s.head_dim, s.kind) for s in layer_specs} == {
         (2, 1, 16, "gqa")}
     assert len({s.sliding_window for s in layer_specs}) == 2
+
+
+def test_gpt_oss_alternates_sliding_and_full_layers_with_sinks_on_every_one():
+    layer_specs = specs("gpt_oss", "GptOssForCausalLM", num_hidden_layers=4, sliding_window=16,
+                        num_local_experts=4)
+    assert windows(layer_specs) == [16, None, 16, None]
+    assert all(s.sinks and s.logit_softcap is None for s in layer_specs)
+    assert layer_specs[1].features == {"sinks"}
+    assert layer_specs[0].forward_kwargs() == {"sliding_window": 16}  # the sinks: the layer's
+
+
+def test_an_mxfp4_gpt_oss_checkpoint_is_refused_by_name():
+    cfg = AutoConfig.for_model("gpt_oss", architectures=["GptOssForCausalLM"],
+                               num_hidden_layers=2, **SMALL)
+    cfg.quantization_config = {"quant_method": "mxfp4",
+                               "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    for ask in (arch_spec(cfg).attention_spec, arch_spec(cfg).layer_attention_specs):
+        with pytest.raises(ValueError, match="quant_method='mxfp4' are not supported"):
+            ask(cfg)
