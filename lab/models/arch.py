@@ -58,15 +58,12 @@ def pattern_layer_types(hf_config, full_every: int) -> list[str]:
         for i in range(hf_config.num_hidden_layers)]
 
 
-def layer_type_windows(hf_config, layer_types: list[str] | None = None) -> list[int | None]:
+def layer_type_windows(hf_config, layer_types: list[str]) -> list[int | None]:
     """Each layer's sliding window as transformers reads `layer_types`: the config's
     `sliding_window` for a "sliding_attention" layer, None (full attention) for any other and
-    when the config has no window. `layer_types`: the config's own when None (every layer
-    full when it has none)."""
-    types = layer_types or getattr(hf_config, "layer_types", None)
-    types = types or ["full_attention"] * hf_config.num_hidden_layers
+    when the config has no window."""
     window = getattr(hf_config, "sliding_window", None)
-    return [window if kind == "sliding_attention" else None for kind in types]
+    return [window if kind == "sliding_attention" else None for kind in layer_types]
 
 
 def with_windows(spec: AttentionSpec, windows: list[int | None], **features) -> list[AttentionSpec]:

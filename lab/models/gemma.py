@@ -101,10 +101,12 @@ class GemmaDecoderLayer(PreNormDecoderLayer):
 
 class GemmaModel(DecoderStack):
     """Scaled embedding, decoder layers, final norm (HF's `model.` prefix). One RoPE per layer
-    type the config's rope_parameters name (Gemma-3), else one for every layer (Gemma-2)."""
+    type (`layer_types`: each layer's) when the config's rope_parameters are per layer type
+    (Gemma-3), else one for every layer (Gemma-2)."""
 
     def __init__(self, cfg, arch: LlamaArch, layer_specs: list[AttentionSpec],
-                 backend: AttentionBackend, ops: LayerOps, tp: GroupCoordinator):
+                 layer_types: list[str], backend: AttentionBackend, ops: LayerOps,
+                 tp: GroupCoordinator):
         super().__init__()
         self.embed_tokens = ScaledEmbedding(cfg.vocab_size, cfg.hidden_size,
                                             cfg.hidden_size**0.5, tp=tp)
@@ -113,10 +115,10 @@ class GemmaModel(DecoderStack):
         per_type = "full_attention" in rope  # Gemma-3: {layer type: its rope parameters}
         self.rotary_embs = nn.ModuleDict({
             kind: RotaryEmbedding.from_hf_config(cfg, head_dim, ops, kind if per_type else None)
-            for kind in sorted(set(cfg.layer_types))})
+            for kind in sorted(set(layer_types))})
         self.layers = nn.ModuleList(
             GemmaDecoderLayer(cfg, arch, i, spec, backend, self.rotary_embs[kind], ops, tp)
-            for i, (spec, kind) in enumerate(zip(layer_specs, cfg.layer_types, strict=True)))
+            for i, (spec, kind) in enumerate(zip(layer_specs, layer_types, strict=True)))
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -126,8 +128,8 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
     arch_spec = Gemma2Spec
 
     def build_stack(self, cfg, attn_backend: AttentionBackend) -> nn.Module:
-        return GemmaModel(cfg, self.arch_spec.arch(cfg), self.layer_specs, attn_backend,
-                          self.ops, self.tp)
+        return GemmaModel(cfg, self.arch_spec.arch(cfg), self.layer_specs,
+                          self.arch_spec.layer_types(cfg), attn_backend, self.ops, self.tp)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """As LlamaForCausalLM's, soft-capped at final_logit_softcapping when set."""

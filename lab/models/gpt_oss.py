@@ -13,7 +13,9 @@ lab/models/gpt_oss_arch.py).
                 gate = min(g, limit), up = clamp(u, -limit, limit),
                 out = down((up + 1) * gate * sigmoid(alpha * gate)) + down bias, weighted by the
                 token's routing weight (swiglu_alpha, swiglu_limit); a plain loop over the
-                experts a step routes to (the fused MoE op's SiLU·mul is another activation)
+                experts a step routes to (the fused MoE op's SiLU·mul is another activation),
+                one custom op (`lab::gpt_oss_experts`) so that compile=true's trace leaves the
+                data-dependent loop opaque, as it does lab's fused MoE
 
 Tensor parallel over `tp`: attention as Llama's (the sinks split with the heads); the router is
 replicated; each expert's intermediate dim is split (rank r: gate/up columns [2rI', 2(r+1)I'),
@@ -133,24 +135,42 @@ class GptOssExperts(nn.Module):
             loaded = torch.zeros_like(loaded)
         default_weight_loader(param, loaded)
 
-    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """transformers' clamped SwiGLU over interleaved | g0 u0 g1 u1 ... | columns."""
-        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
-        gate = gate.clamp(min=None, max=self.limit)
-        up = up.clamp(min=-self.limit, max=self.limit)
-        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
-
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        local = ids - self.expert_start
-        for e in local.unique().tolist():  # ascending, as transformers' expert loop
-            if not 0 <= e < self.num_local:
-                continue  # another rank's expert
-            tokens, slot = torch.where(local == e)
-            y = self.swiglu(x[tokens] @ self.gate_up_proj[e] + self.gate_up_proj_bias[e])
-            y = y @ self.down_proj[e] + self.down_proj_bias[e]
-            out.index_add_(0, tokens, (y * weights[tokens, slot, None]).to(x.dtype))
-        return out
+        return gpt_oss_experts(x, self.gate_up_proj, self.gate_up_proj_bias, self.down_proj,
+                               self.down_proj_bias, weights, ids - self.expert_start,
+                               self.alpha, self.limit)
+
+
+def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """transformers' clamped SwiGLU over interleaved | g0 u0 g1 u1 ... | columns."""
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    gate = gate.clamp(min=None, max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+@torch.library.custom_op("lab::gpt_oss_experts", mutates_args=())
+def gpt_oss_experts(x: torch.Tensor, gate_up: torch.Tensor, gate_up_bias: torch.Tensor,
+                    down: torch.Tensor, down_bias: torch.Tensor, weights: torch.Tensor,
+                    local_ids: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """x [T, hidden] through the experts each token is routed to (`local_ids` [T, k]: indices
+    into this rank's experts, others' out of range and skipped), weighted by `weights` [T, k]
+    and summed per token -> [T, hidden]; the experts in ascending order, as transformers' loop."""
+    out = torch.zeros_like(x)
+    for e in local_ids.unique().tolist():
+        if not 0 <= e < gate_up.shape[0]:
+            continue  # another rank's expert
+        tokens, slot = torch.where(local_ids == e)
+        y = clamped_swiglu(x[tokens] @ gate_up[e] + gate_up_bias[e], alpha, limit)
+        y = y @ down[e] + down_bias[e]
+        out.index_add_(0, tokens, (y * weights[tokens, slot, None]).to(x.dtype))
+    return out
+
+
+@gpt_oss_experts.register_fake
+def _gpt_oss_experts_fake(x, gate_up, gate_up_bias, down, down_bias, weights, local_ids, alpha,
+                          limit):
+    return torch.empty_like(x)
 
 
 class GptOssMoE(nn.Module):

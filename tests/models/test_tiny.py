@@ -54,6 +54,11 @@ PINNED_HASHES = {
     "tiny_deepseek": "ee28bdc48b",
     "tiny_deepseek_lite": "b00fac06cd",
     "tiny_deepseek_v3": "4ac4a180a7",
+    "tiny_mistral_sw": "0e38fe56d3",
+    "tiny_qwen2_sw": "6bc4ebef7f",
+    "tiny_gemma2": "d2570092a7",
+    "tiny_gemma3": "9e6ea359bd",
+    "tiny_gpt_oss": "35b2f3e687",
     "bench_llama": "2e87140c97",
     "bench_qwen3_06b": "1cc7332e61",
 }
