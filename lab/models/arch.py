@@ -3,9 +3,11 @@ family, without torch, shared by the model classes and the simulator.
 
 An `ArchSpec` subclass per HF `architectures` name (the one lookup table maps the name to it:
 lab/models/registry.py) answers the config-only questions — the AttentionSpec of one of `tp_size`
-ranks (and of each layer: `layer_attention_specs`), and the family's flags (lab/models/llama_arch.py, lab/models/deepseek_arch.py) — and names
-the model class that runs it by import path, so that asking the questions imports no model code.
-The model class holds its spec (`CausalLM.arch_spec`) and builds its layers from the same answers.
+ranks (and of each layer: `layer_attention_specs`, its sliding window, sinks and soft cap), and
+the family's flags (lab/models/llama_arch.py, gemma_arch.py, gpt_oss_arch.py, deepseek_arch.py)
+— and names the model class that runs it by import path, so that asking the questions imports
+no model code. The model class holds its spec (`CausalLM.arch_spec`) and builds its layers from
+the same answers. The helpers below read transformers' per-layer `layer_types`.
 """
 
 from __future__ import annotations
