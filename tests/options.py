@@ -4,12 +4,14 @@ editing the test.
 
     options("scheduler")      -> ["fair", "fcfs", "priority", "sjf"]
     tiny_models("mla")        -> the embedded MLA presets (tiny_deepseek, ...)
+    tiny_models("hybrid")     -> the presets whose layers use attention features (windows, ...)
 
 Exclusions are explicit (see `tiny_models`); a test that needs a further one says why beside it.
 """
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 from lab.config.plugins import group_options, option_file
@@ -60,23 +62,43 @@ def attention_kinds(option: str) -> tuple[str, ...]:
 
 
 def model_for(attention: str) -> str:
-    """The first tiny preset whose attention kind the `attention` option supports."""
+    """The first tiny preset whose attention kind the `attention` option supports (a "hybrid"
+    preset is never the one: it is not a kind of attention a backend names)."""
     kinds = attention_kinds(attention)
     return next(m for m in tiny_models() if model_kind(m) in kinds)
 
 
+@cache
 def model_kind(name: str) -> str:
-    """A tiny preset's attention kind: "mla" (DeepSeek, kv_lora_rank) or "gqa"."""
+    """A tiny preset's attention kind: "mla" (DeepSeek, kv_lora_rank), "hybrid" (GQA whose
+    layers use ATTENTION_FEATURES: sliding windows, sinks, soft caps; lab/attention/spec.py) or
+    "gqa" (every layer plain causal attention)."""
     from lab.models.tiny import preset
 
-    return "mla" if "kv_lora_rank" in preset(name) else "gqa"
+    spec = preset(name)
+    if "kv_lora_rank" in spec:
+        return "mla"
+    return "hybrid" if model_features(name) else "gqa"
+
+
+@cache
+def model_features(name: str) -> frozenset[str]:
+    """The attention features a tiny preset's layers use, from its HF config alone (its
+    architecture's `layer_attention_specs`)."""
+    from lab.models.registry import arch_spec
+    from lab.models.tiny import hf_config, preset
+
+    cfg = hf_config(preset(name))
+    return frozenset().union(*(s.features for s in arch_spec(cfg).layer_attention_specs(cfg)))
 
 
 def tiny_models(kind: str | None = None) -> list[str]:
     """The `model` options that are embedded tiny presets: `tiny_*`. Left out: `hf` (needs
     model.path) and `bench_*` (benchmark widths: minutes per run in fp32 on a CPU, bf16 by
-    default). kind: None (all), "mla" (kv_lora_rank: DeepSeek MLA) or "gqa" (the others)."""
+    default). kind: None (all), "mla" (kv_lora_rank: DeepSeek MLA), "hybrid" (layers with
+    attention features: Mistral's and Qwen2's windows, Gemma, gpt-oss) or "gqa" (the others:
+    plain causal attention, what every attention backend runs)."""
     names = [m for m in options("model") if m.startswith("tiny_")]
-    if kind not in (None, "mla", "gqa"):
-        raise ValueError(f"kind={kind!r}: expected 'mla', 'gqa' or None")
+    if kind not in (None, "mla", "gqa", "hybrid"):
+        raise ValueError(f"kind={kind!r}: expected 'mla', 'gqa', 'hybrid' or None")
     return [m for m in names if kind is None or model_kind(m) == kind]

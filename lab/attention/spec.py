@@ -53,6 +53,13 @@ class AttentionSpec:
                 "softcap": self.logit_softcap is not None}
         return frozenset(name for name, on in used.items() if on)
 
+    def forward_kwargs(self) -> dict:
+        """The keywords a layer of this spec passes to `AttentionBackend.forward`: its
+        `sliding_window` and `softcap` where set, nothing else (a layer passes only the features
+        it uses; `sinks`, a tensor the layer owns, it passes beside these)."""
+        kwargs = {"sliding_window": self.sliding_window, "softcap": self.logit_softcap}
+        return {name: value for name, value in kwargs.items() if value is not None}
+
     @property
     def kv_elems_per_token(self) -> int:
         """Cache elements one token takes in one layer: K and V of every KV head, or MLA's one

@@ -49,10 +49,6 @@ def max_positions(hf_config) -> int:
 
 
 def model_context_limit(hf_config) -> int:
-    """max_position_embeddings, capped by an active sliding window (lab attends to the full
-    context, which equals sliding-window attention only while sequences fit in the window)."""
-    limit = max_positions(hf_config)
-    window = getattr(hf_config, "sliding_window", None)
-    if window and getattr(hf_config, "use_sliding_window", True):
-        limit = min(limit, window)
-    return limit
+    """The longest context a request may take: max_position_embeddings. A sliding window does
+    not limit it (the attention backends apply each layer's window: lab/attention/spec.py)."""
+    return max_positions(hf_config)

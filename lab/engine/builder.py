@@ -116,8 +116,7 @@ def resolve_max_model_len(knob: int | None, hf_config, num_blocks: int, block_si
         return min(model_max, capacity)
     if knob > model_max:
         raise ValueError(f"max_model_len={knob} exceeds the model's context limit {model_max} "
-                         "(max_position_embeddings, or the sliding window, which lab does not "
-                         "apply, so generations stay exact only within it)")
+                         "(max_position_embeddings)")
     if knob > capacity:
         raise ValueError(f"max_model_len={knob} does not fit in the KV cache ({num_blocks} blocks "
                          f"of {block_size} tokens hold {capacity}); the largest that fits is "

@@ -8,8 +8,9 @@ Residual stream through a decoder layer (RMSNorm fuses the residual add):
     h = mlp(h)                            # the next layer (or the final norm) adds r back
 
 A family builds its own attention and MLP (`self_attn`, `mlp`) and norms; the forward passes
-below are the same for all of them. The FFN is `GatedMLP` (SwiGLU), dense or as the shared
-experts of a MoE layer.
+below are the same for all of them (Gemma's layer adds two norms around its sublayers:
+lab/models/gemma.py). The FFN is `GatedMLP` (SwiGLU, or GELU-gated for Gemma), dense or as the
+shared experts of a MoE layer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch import nn
 
 from lab.attention.base import layer_metadata
 from lab.distributed.parallel_state import GroupCoordinator
-from lab.layers.activation import SiluAndMul
+from lab.layers.activation import gated_activation
 from lab.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from lab.layers.ops import LayerOps
 
@@ -32,8 +33,8 @@ def check_silu(cfg) -> None:
 
 
 class GatedMLP(nn.Module):
-    """down_proj(silu(gate) * up) with gate and up fused (| gate | up |): a dense FFN or the
-    shared experts of a MoE layer.
+    """down_proj(act(gate) * up) with gate and up fused (| gate | up |): a dense FFN or the
+    shared experts of a MoE layer. `act`: "silu" (default) or "gelu_pytorch_tanh" (Gemma).
 
     Tensor-parallel over `tp`: gate_up column-parallel (each rank a slice of the intermediate
     dim), down row-parallel, all-reduced unless `reduce_results=False` (the MoE layer reduces
@@ -41,11 +42,11 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, ops: LayerOps | None = None,
                  bias: bool = False, tp: GroupCoordinator | None = None,
-                 reduce_results: bool = True):
+                 reduce_results: bool = True, act: str = "silu"):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden_size, [intermediate_size] * 2, bias, tp=tp)
-        self.act = SiluAndMul(ops)
+        self.act = gated_activation(act, ops)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, tp=tp,
                                            reduce_results=reduce_results)
 

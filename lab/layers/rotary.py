@@ -31,11 +31,16 @@ def default_inv_freq(base: float, dim: int) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
 
 
-def rope_parameters(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
-    """(inv_freq [rotary_dim/2], attention_scaling) for an HF config, computed as HF does."""
+def rope_parameters(hf_config, head_dim: int,
+                    layer_type: str | None = None) -> tuple[torch.Tensor, float]:
+    """(inv_freq [rotary_dim/2], attention_scaling) for an HF config, computed as HF does.
+    `layer_type`: the entry of a config whose rope_parameters are per layer type (Gemma-3:
+    "sliding_attention" with its local base, "full_attention" with its scaling)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if layer_type is not None:
+        params = dict(params[layer_type])
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type == "default":
         theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
@@ -45,7 +50,8 @@ def rope_parameters(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
             f"rope_type {rope_type!r} is not supported "
             f"(supported: default, {', '.join(sorted(ROPE_INIT_FUNCTIONS))})"
         )
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+    kwargs = {} if layer_type is None else {"layer_type": layer_type}
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"), **kwargs)
     return inv_freq.float(), float(scaling)
 
 
@@ -69,9 +75,11 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin_cache", freqs.sin() * attention_scaling, persistent=False)
 
     @classmethod
-    def from_hf_config(cls, hf_config, head_dim: int, ops: LayerOps | None = None) -> RotaryEmbedding:
-        """Build from an HF config (rope_parameters / rope_scaling, max_position_embeddings)."""
-        inv_freq, scaling = rope_parameters(hf_config, head_dim)
+    def from_hf_config(cls, hf_config, head_dim: int, ops: LayerOps | None = None,
+                       layer_type: str | None = None) -> RotaryEmbedding:
+        """Build from an HF config (rope_parameters / rope_scaling, max_position_embeddings;
+        `layer_type`: see rope_parameters)."""
+        inv_freq, scaling = rope_parameters(hf_config, head_dim, layer_type)
         return cls(inv_freq, hf_config.max_position_embeddings, scaling, ops=ops)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,14 @@
 """The Llama family from its config alone (torch-free): Llama and Mistral (`attention_bias`,
 `mlp_bias`), Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm, `attention_bias`). The model
 classes are lab/models/llama.py's; the simulator counts the same parameters from these flags.
+
+Sliding windows per layer, as transformers applies them (`layer_attention_specs`):
+
+    Llama        none
+    Mistral      `sliding_window` on every layer when set (transformers ignores layer_types)
+    Qwen2/Qwen3  the layers `layer_types` marks "sliding_attention"; without layer_types,
+                 layers i >= max_window_layers when use_sliding_window (transformers' config
+                 rule); the window is `sliding_window`, None unless use_sliding_window
 """
 
 from __future__ import annotations
@@ -8,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lab.attention.spec import AttentionSpec, kv_heads_per_rank
-from lab.models.arch import ArchSpec, check_tp_divisible
+from lab.models.arch import ArchSpec, check_tp_divisible, with_windows
 
 
 @dataclass(frozen=True)
@@ -19,6 +27,7 @@ class LlamaArch:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    post_norms: bool = False  # Gemma: a norm after attention and after the MLP too (4 a layer)
 
 
 def head_dim_of(cfg) -> int:
@@ -49,14 +58,31 @@ class LlamaSpec(ArchSpec):
         )
 
 
+def qwen_windows(cfg) -> list[int | None]:
+    """Each layer's window under transformers' Qwen2 / Qwen3 rule (module docstring). A config
+    transformers built already holds its result (`layer_types`; sliding_window None unless
+    use_sliding_window); one read from elsewhere (e.g. a namespace) is derived the same way."""
+    window = cfg.sliding_window if getattr(cfg, "use_sliding_window", False) else None
+    types = getattr(cfg, "layer_types", None) or [
+        "sliding_attention" if window is not None and i >= getattr(cfg, "max_window_layers", 0)
+        else "full_attention" for i in range(cfg.num_hidden_layers)]
+    return [window if kind == "sliding_attention" else None for kind in types]
+
+
 class MistralSpec(LlamaSpec):
-    """Mistral: the Llama layout."""
+    """Mistral: the Llama layout, every layer sliding over `sliding_window` when it is set."""
 
     model = "lab.models.llama:MistralForCausalLM"
 
+    @classmethod
+    def layer_attention_specs(cls, hf_config, tp_size: int = 1) -> list[AttentionSpec]:
+        window = getattr(hf_config, "sliding_window", None)
+        return with_windows(cls.attention_spec(hf_config, tp_size),
+                            [window] * hf_config.num_hidden_layers)
+
 
 class Qwen2Spec(LlamaSpec):
-    """Qwen2: bias on q/k/v (not on o_proj)."""
+    """Qwen2: bias on q/k/v (not on o_proj); sliding windows by `qwen_windows`."""
 
     model = "lab.models.llama:Qwen2ForCausalLM"
 
@@ -64,9 +90,14 @@ class Qwen2Spec(LlamaSpec):
     def arch(cls, cfg) -> LlamaArch:
         return LlamaArch(qkv_bias=True)
 
+    @classmethod
+    def layer_attention_specs(cls, hf_config, tp_size: int = 1) -> list[AttentionSpec]:
+        return with_windows(cls.attention_spec(hf_config, tp_size), qwen_windows(hf_config))
+
 
 class Qwen3Spec(LlamaSpec):
-    """Qwen3: per-head RMSNorm on q and k before RoPE; `attention_bias` on q/k/v/o."""
+    """Qwen3: per-head RMSNorm on q and k before RoPE; `attention_bias` on q/k/v/o; sliding
+    windows by `qwen_windows`."""
 
     model = "lab.models.llama:Qwen3ForCausalLM"
 
@@ -74,3 +105,7 @@ class Qwen3Spec(LlamaSpec):
     def arch(cls, cfg) -> LlamaArch:
         bias = bool(getattr(cfg, "attention_bias", False))
         return LlamaArch(bias, bias, False, qk_norm=True)
+
+    @classmethod
+    def layer_attention_specs(cls, hf_config, tp_size: int = 1) -> list[AttentionSpec]:
+        return with_windows(cls.attention_spec(hf_config, tp_size), qwen_windows(hf_config))

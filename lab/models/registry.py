@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from lab.models.arch import ArchSpec
 from lab.models.deepseek_arch import DeepseekV2Spec, DeepseekV3Spec
+from lab.models.gemma_arch import Gemma2Spec, Gemma3Spec
+from lab.models.gpt_oss_arch import GptOssSpec
 from lab.models.llama_arch import LlamaSpec, MistralSpec, Qwen2Spec, Qwen3Spec
 
 if TYPE_CHECKING:
@@ -21,6 +23,9 @@ if TYPE_CHECKING:
 ARCHITECTURES: dict[str, type[ArchSpec]] = {
     "DeepseekV2ForCausalLM": DeepseekV2Spec,
     "DeepseekV3ForCausalLM": DeepseekV3Spec,
+    "Gemma2ForCausalLM": Gemma2Spec,
+    "Gemma3ForCausalLM": Gemma3Spec,
+    "GptOssForCausalLM": GptOssSpec,
     "LlamaForCausalLM": LlamaSpec,
     "MistralForCausalLM": MistralSpec,
     "Qwen2ForCausalLM": Qwen2Spec,

@@ -14,6 +14,11 @@ MLA (DeepSeek) models get the same gain on q_b_proj, on kv_a_proj_with_mqa (its 
 is normalised) and on the k_nope rows of kv_b_proj; MoE routers (`mlp.gate.weight`) get gain 2
 (router logits std ~2: expert choices are far from ties) and V3's e_score_correction_bias (a
 buffer in transformers) 0.1·N(0,1), drawn after every parameter.
+Gemma's norms scale by 1 + weight: their weights are drawn as the offset of the same
+values, and its post-norms (of the attention's and the MLP's outputs) gain 4, so that the
+sublayers outweigh the embedding Gemma scales by sqrt(hidden) (without it, generations hardly
+depended on the context: the window and the attention soft cap changed 1 and 0 of 20). gpt-oss: routers (`mlp.router.weight`) gain 2 as above, each expert's stacked
+[in, out] projections std 1/sqrt(in), attention sinks N(0,1) (a sink as likely as a key).
 The `<|eos|>` row of the LM head is zeroed so random models almost never stop by themselves
 (use stop tokens / max_tokens to end generations).
 """
@@ -38,6 +43,9 @@ SEED = 1234
 TIED_EMBED_STD = 0.3
 QK_GAIN = 3.0  # sharper attention: generations depend on the context, not only the last token
 ROUTER_GAIN = 2.0  # MoE router logits std ~2: top-k expert choices are rarely near-ties
+OFFSET_NORMS = ("gemma2", "gemma3_text")  # model types whose norms scale by 1 + weight
+POST_NORM_GAIN = 4.0  # Gemma's post-norms: attention and MLP outputs outweigh the embedding
+POST_NORMS = ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")
 # GPT-4-style pre-tokenisation (as Qwen2/Llama-3 tokenizers split), so that AutoTokenizer's
 # Qwen2Tokenizer, which rebuilds the pipeline with this regex, encodes exactly like tokenizer.json.
 SPLIT_REGEX = (
@@ -160,6 +168,14 @@ def redraw_weights(model: torch.nn.Module, config) -> None:
 
 
 def _scale(name: str, shape: torch.Size, config, noise: torch.Tensor) -> torch.Tensor:
+    value = _draw(name, shape, config, noise)
+    if name.endswith("norm.weight") and getattr(config, "model_type", None) in OFFSET_NORMS:
+        gain = POST_NORM_GAIN if name.endswith(POST_NORMS) else 1.0
+        return gain * value - 1.0  # the effective scale, stored as Gemma stores it
+    return value
+
+
+def _draw(name: str, shape: torch.Size, config, noise: torch.Tensor) -> torch.Tensor:
     tied = config.tie_word_embeddings
     if name == "model.norm.weight":  # tied: logits std ~ gain * TIED_EMBED_STD * sqrt(hidden) = 8
         gain = 8.0 / (TIED_EMBED_STD * config.hidden_size**0.5) if tied else 1.0
@@ -174,8 +190,12 @@ def _scale(name: str, shape: torch.Size, config, noise: torch.Tensor) -> torch.T
         return (TIED_EMBED_STD if tied else 1.0) * noise
     if "lm_head" in name:
         return noise * 4.0 / config.hidden_size**0.5
-    if name.endswith("mlp.gate.weight"):
+    if name.endswith(("mlp.gate.weight", "mlp.router.weight")):
         return ROUTER_GAIN * noise / shape[-1] ** 0.5
+    if name.endswith(("experts.gate_up_proj", "experts.down_proj")):  # gpt-oss: [E, in, out]
+        return noise / shape[-2] ** 0.5
+    if name.endswith("self_attn.sinks"):
+        return noise
     if name.endswith("kv_b_proj.weight"):  # rows per head | k_nope | v |: gain on k_nope only
         heads, nope = config.num_attention_heads, config.qk_nope_head_dim
         gain = torch.ones(heads, shape[0] // heads, 1)

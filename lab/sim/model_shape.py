@@ -2,8 +2,9 @@
 active per token), FLOPs per token, KV-cache bytes per token. What the simulator plans its cache
 and predicts its step times from.
 
-Families: Llama-style (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with per-head q/k norms) and
-DeepSeek (MLA attention, MoE MLP). What differs between families is asked of the architecture's
+Families: Llama-style (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with per-head q/k norms,
+Gemma-2 / Gemma-3 with four norms a layer), DeepSeek (MLA attention, MoE MLP), gpt-oss
+(Llama-style attention with biases and a sink logit per head, a MoE with biases on every layer). What differs between families is asked of the architecture's
 spec, the torch-free half of lab's model classes that the classes build their layers from
 (`arch_spec`, lab/models/registry.py): the attention spec (`attention_spec`, whose
 `kv_elems_per_token` the backends size the cache by), a Llama family's `arch` (biases, q/k
@@ -12,14 +13,17 @@ so the counts equal the loaded models' without importing any model code.
 
 Per decoder layer, a Llama-style model holds
 
-    | q, k, v, o projections | gate, up, down (MLP) | 2 RMSNorms | (q/k norms, biases) |
+    | q, k, v, o projections | gate, up, down (MLP) | 2 RMSNorms (Gemma: 4) | (q/k norms, biases) |
 
-and a DeepSeek layer
+a DeepSeek layer
 
     | q (or q_a, q_a_norm, q_b) | kv_a_with_mqa, kv_a_norm, kv_b | o | dense MLP or MoE | 2 norms |
 
 where a layer is MoE iff experts exist, layer >= first_k_dense_replace and
-layer % moe_layer_freq == 0 (lab/models/deepseek_arch.py's is_moe_layer).
+layer % moe_layer_freq == 0 (lab/models/deepseek_arch.py's is_moe_layer), and a gpt-oss layer
+(MoE, every one)
+
+    | q, k, v, o (+ biases) | sinks | router (+ bias) | experts gate_up, down (+ biases) | 2 norms |
 
 Tensor parallelism: `from_hf_config(cfg, tensor_parallel_size=tp)` is the shape of one of tp
 ranks, split as lab's real TP splits the model (lab/layers/linear.py, embedding.py, moe.py), so
@@ -33,6 +37,8 @@ every count below (parameters, weight bytes, FLOPs, KV bytes) is that rank's:
                                           whole experts and, routing balanced, top_k / tp of a
                                           token's pairs
     shared experts                        width / tp
+    attention sinks (gpt-oss)             / tp                 (with the heads)
+    expert biases (gpt-oss)               gate_up's with the width; down's whole on every rank
     norms, MLA's q_a / kv_a projections   whole on every rank (replicated), and so MLA's latent
     and the MoE router                    cache: every rank caches the same L + R per token
 
@@ -47,6 +53,8 @@ from typing import Any
 
 from lab.models.arch import check_tp_divisible
 from lab.models.deepseek_arch import DeepseekV2Spec, check_moe_tp, is_moe_layer
+from lab.models.gpt_oss_arch import GptOssSpec
+from lab.models.gpt_oss_arch import check_moe_tp as check_gpt_oss_tp
 from lab.models.registry import arch_spec
 
 # bytes per linear weight of lab's quant methods (by their QuantConfig class, the `quant` option's
@@ -77,6 +85,8 @@ class ModelShape:
     o_bias: bool = False
     qk_norm: bool = False
     mlp_bias: bool = False
+    post_norms: bool = False  # Gemma: a norm after attention and after the MLP too
+    attention_sinks: bool = False  # gpt-oss: one learned logit per head and layer
     kv_elems_per_token: int = 0  # per layer (AttentionSpec.kv_elems_per_token)
     # MLA (DeepSeek): kv_lora_rank > 0
     kv_lora_rank: int = 0
@@ -92,6 +102,7 @@ class ModelShape:
     first_k_dense_replace: int = 0
     moe_layer_freq: int = 1
     router_params: int = 0  # of one MoE layer's router (V3's correction bias included)
+    expert_bias: bool = False  # gpt-oss: biases on each expert's gate_up and down
     # tensor parallelism: this shape is one of `tensor_parallel_size` ranks (module docstring)
     tensor_parallel_size: int = 1
     expert_parallel: bool = False
@@ -117,10 +128,13 @@ class ModelShape:
             expert_parallel=bool(expert_parallel) and tp > 1)
         if spec.kind == "mla":
             return cls._deepseek(cfg, family, common)
+        if issubclass(family, GptOssSpec):
+            return cls._gpt_oss(cfg, family, spec.head_dim, common)
         check_tp_divisible(cfg, tp, ("intermediate_size",))  # as LlamaForCausalLM does
         flags = family.arch(cfg)
         return cls(**common, head_dim=spec.head_dim, qkv_bias=flags.qkv_bias,
-                   o_bias=flags.o_bias, qk_norm=flags.qk_norm, mlp_bias=flags.mlp_bias)
+                   o_bias=flags.o_bias, qk_norm=flags.qk_norm, mlp_bias=flags.mlp_bias,
+                   post_norms=flags.post_norms)
 
     @classmethod
     def _deepseek(cls, cfg: Any, family: type[DeepseekV2Spec], common: dict) -> ModelShape:
@@ -146,6 +160,24 @@ class ModelShape:
             first_k_dense_replace=_get(cfg, "first_k_dense_replace", 0),
             moe_layer_freq=_get(cfg, "moe_layer_freq", 1),
             router_params=family.router_params(cfg) if experts else 0)
+
+    @classmethod
+    def _gpt_oss(cls, cfg: Any, family: type[GptOssSpec], head_dim: int,
+                 common: dict) -> ModelShape:
+        """gpt-oss: every layer MoE (experts split by width, or whole with expert_parallel), no
+        shared experts; attention biases and sinks (lab/models/gpt_oss_arch.py)."""
+        tp, ep = common["tensor_parallel_size"], common["expert_parallel"]
+        check_gpt_oss_tp(cfg, tp, ep)
+        flags = family.arch(cfg)
+        experts, top_k, width = cfg.num_local_experts, cfg.num_experts_per_tok, cfg.intermediate_size
+        if ep:
+            experts, top_k = experts // tp, top_k / tp
+        else:
+            width //= tp
+        return cls(**common, head_dim=head_dim, qkv_bias=flags.qkv_bias, o_bias=flags.o_bias,
+                   attention_sinks=True, n_routed_experts=experts, num_experts_per_tok=top_k,
+                   moe_intermediate_size=width, router_params=family.router_params(cfg),
+                   expert_bias=True)
 
     # -- structure --------------------------------------------------------------------------
     @property
@@ -179,7 +211,7 @@ class ModelShape:
         if not self.is_mla:
             n = self.qkv_bias * (heads + 2 * self.num_kv_heads) * self.head_dim
             n += self.o_bias * self.hidden_size + self.qk_norm * 2 * self.head_dim
-            return n
+            return n + self.attention_sinks * heads
         n = self.q_lora_rank + self.kv_lora_rank  # q_a_layernorm (if any), kv_a_layernorm
         if self.qkv_bias:  # attention_bias: on q_a (with a q LoRA), kv_a and o
             n += self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim
@@ -214,12 +246,16 @@ class ModelShape:
 
     def small_params(self) -> int:
         """Norms, biases and routers: parameters that are not linear weights or embeddings."""
-        per_layer = 2 * self.hidden_size + self.attention_small_params()
+        per_layer = (4 if self.post_norms else 2) * self.hidden_size
+        per_layer += self.attention_small_params()
         mlp_biases = self.mlp_bias * sum(2 * self.intermediate_size + self.hidden_size
                                          for i in range(self.num_layers)
                                          if not self.is_moe_layer(i))
         routers = sum(self.mlp_params(i)[2] for i in range(self.num_layers)) + mlp_biases
-        return self.num_layers * per_layer + routers + self.hidden_size  # + final norm
+        expert_biases = self.expert_bias * self.num_moe_layers * self.n_routed_experts * (
+            2 * self.moe_intermediate_size + self.hidden_size)
+        return (self.num_layers * per_layer + routers + expert_biases
+                + self.hidden_size)  # + final norm
 
     @property
     def num_params(self) -> int:

@@ -1,7 +1,8 @@
 """Shared helpers of the engine parity tests: greedy token ids through `LLM` must equal
 transformers' `generate` on the same weights, in four modes: default; chunked prefill with a
 budget smaller than the prompts; prefix caching over shared prefixes (hits > 0); and a KV cache
-small enough that preemption happens (preemptions > 0).
+small enough that preemption happens (preemptions > 0). A fifth mode, "swap" (ALL_MODES), preempts
+by swapping the victims' blocks out to the CPU and back (preemption=swap).
 
 Each mode runs over both engine clients (the `engine_client` fixture, tests/engine/conftest.py):
 inproc builds one engine per mode with the mode's knobs; mp runs every mode's prompts through
@@ -32,6 +33,10 @@ MODES = {
     "prefix": dict(max_num_seqs=3),
     "preempt": dict(num_gpu_blocks=24, block_size=4, max_model_len=64),
 }
+# preemption=swap: the preempt mode's cache, each victim's blocks parked in a CPU swap space
+# (cache.swap_space_gb: thousands of the tiny models' blocks) and copied back when it resumes
+ALL_MODES = MODES | {"swap": MODES["preempt"] | {"preemption": "swap",
+                                                  "cache.swap_space_gb": 0.01}}
 # engine_client=mp: the knobs of chunked, prefix and preempt at once; max_model_len holds the
 # longest prefix prompt (58 tokens) and its 24 new tokens in 22 of the 23 usable blocks
 MP_KNOBS = MODES["chunked"] | MODES["prefix"] | MODES["preempt"] | dict(max_model_len=88)
@@ -141,13 +146,15 @@ def check_greedy_parity(model_name: str, hf_outputs: dict, mode: str, engine_cli
     else:
         assert engine_client == "inproc", engine_client
         name = prompt_set(mode)
-        run = run_parity(model_name, [name], **(MODES[mode] | knobs))[name]
+        run = run_parity(model_name, [name], **(ALL_MODES[mode] | knobs))[name]
     for p, ids in zip(run.prompts, run.token_ids):
         assert ids == hf_outputs[tuple(p)], f"prompt of {len(p)} tokens"
     steps = run.steps
     if mode == "prefix":
         assert sum(s.prefix_cache_hits for s in steps) > 0
-    if mode == "preempt":
+    if mode in ("preempt", "swap"):
         assert sum(s.num_preempted for s in steps) > 0
+    if mode == "swap":
+        assert sum(s.swap_out_blocks for s in steps) > 0
     if mode == "chunked":
         assert max(s.num_scheduled_tokens for s in steps) <= 16

@@ -35,7 +35,7 @@ from tests.executor.tp_utils import (
 )
 from tests.procs import start_script
 
-MODELS = ["tiny_llama", "tiny_qwen3", "tiny_qwen2", "tiny_llama_mqa", "tiny_deepseek"]
+MODELS = ["tiny_llama", "tiny_qwen3", "tiny_qwen2", "tiny_llama_mqa", "tiny_deepseek", "tiny_gpt_oss"]
 MULTIPROC = TP2 | dict(executor="multiproc")
 
 

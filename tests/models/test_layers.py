@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers.activations import ACT2FN
+from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from lab.layers.activation import SiluAndMul
+from lab.layers.activation import SiluAndMul, gated_activation
 from lab.layers.embedding import Embedding, LMHead
 from lab.layers.linear import Linear, MergedLinear, QKVLinear
-from lab.layers.norm import RMSNorm
+from lab.layers.norm import GemmaRMSNorm, RMSNorm
 
 
 def test_qkv_linear_fills_shards_and_splits():
@@ -55,9 +57,34 @@ def test_rmsnorm_matches_hf_and_fuses_residual(dtype):
     torch.testing.assert_close(y, ref(x + r), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemma_rmsnorm_matches_hf_and_fuses_residual(dtype):
+    """The weight is the offset from 1, applied in float32 before the cast (bit-exact)."""
+    ours, ref = GemmaRMSNorm(16, eps=1e-6), Gemma2RMSNorm(16, eps=1e-6)
+    w = 0.3 * torch.randn(16)
+    ours.weight.data.copy_(w)
+    ref.weight.data.copy_(w)
+    ours, ref = ours.to(dtype), ref.to(dtype)
+    x, r = torch.randn(5, 16, dtype=dtype), torch.randn(5, 16, dtype=dtype)
+    torch.testing.assert_close(ours(x), ref(x), atol=0, rtol=0)
+    y, new_r = ours(x, r)
+    torch.testing.assert_close(new_r, x + r, atol=0, rtol=0)
+    torch.testing.assert_close(y, ref(x + r), atol=0, rtol=0)
+
+
 def test_silu_and_mul():
     x = torch.randn(4, 10)
     torch.testing.assert_close(SiluAndMul()(x), F.silu(x[:, :5]) * x[:, 5:])
+
+
+def test_gated_activations_follow_hf_names():
+    x = torch.randn(4, 10)
+    gelu = gated_activation("gelu_pytorch_tanh")
+    torch.testing.assert_close(gelu(x), ACT2FN["gelu_pytorch_tanh"](x[:, :5]) * x[:, 5:],
+                               atol=0, rtol=0)
+    assert isinstance(gated_activation("silu"), SiluAndMul)
+    with pytest.raises(ValueError, match="'relu' is not supported"):
+        gated_activation("relu")
 
 
 def test_tied_lm_head_shares_the_embedding():

@@ -77,12 +77,23 @@ def test_the_specs_import_neither_torch_nor_model_code():
         "assert (spec.num_heads, spec.num_kv_heads, spec.head_dim) == (2, 1, 8), spec\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] == 'torch'\n"
         "         or m.startswith(('lab.layers', 'lab.kernels', 'lab.attention.base'))\n"
-        "         or m in ('lab.models.base', 'lab.models.llama', 'lab.models.deepseek')]\n"
+        "         or m in ('lab.models.base', 'lab.models.llama', 'lab.models.deepseek',\n"
+        "                  'lab.models.gemma', 'lab.models.gpt_oss')]\n"
         "assert not heavy, heavy\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO)
     assert run.returncode == 0, run.stderr
+
+
+def test_loader_refuses_a_feature_the_backend_lacks_before_building(tiny_path, monkeypatch):
+    """A layer's sliding window (tiny_gemma2: and its soft cap) against a backend that
+    implements neither: refused by name, no layer built."""
+    cls = model_class(AutoConfig.from_pretrained(tiny_path("tiny_gemma2")))
+    monkeypatch.setattr(cls, "__init__", lambda *a, **k: pytest.fail("built the model"))
+    monkeypatch.setattr(DenseCausalBackend, "supported_features", frozenset())
+    with pytest.raises(ValueError, match="does not implement (sliding_window, )?softcap"):
+        load_model(tiny_path("tiny_gemma2"), DenseCausalBackend(), torch.float32, "cpu")
 
 
 def test_loader_refuses_the_backend_before_building(tiny_path, monkeypatch):

@@ -54,6 +54,11 @@ PINNED_HASHES = {
     "tiny_deepseek": "ee28bdc48b",
     "tiny_deepseek_lite": "b00fac06cd",
     "tiny_deepseek_v3": "4ac4a180a7",
+    "tiny_mistral_sw": "0e38fe56d3",
+    "tiny_qwen2_sw": "6bc4ebef7f",
+    "tiny_gemma2": "d2570092a7",
+    "tiny_gemma3": "9e6ea359bd",
+    "tiny_gpt_oss": "35b2f3e687",
     "bench_llama": "2e87140c97",
     "bench_qwen3_06b": "1cc7332e61",
 }
@@ -83,7 +88,7 @@ def test_tokenizer_loads_and_round_trips(tiny_path, name):
     assert (tok.eos_token_id, tok.vocab_size) == (EOS_ID, 512)
 
 
-@pytest.mark.parametrize("name", tiny_models("gqa"))  # MLA: tests/models/test_deepseek.py
+@pytest.mark.parametrize("name", tiny_models("gqa") + tiny_models("hybrid"))  # MLA: test_deepseek.py
 def test_greedy_margins_are_decisive(tiny_path, name):
     model, _ = load_model(tiny_path(name), DenseCausalBackend(), torch.float32, "cpu")
     gen = torch.Generator().manual_seed(0)

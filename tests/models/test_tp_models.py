@@ -21,6 +21,10 @@ CASES = [  # (preset, expert_parallel, per-rank (heads, kv heads, head dim) at T
     ("tiny_llama_mqa", False, (2, 1, 16)),  # the one KV head replicated on both ranks
     ("tiny_deepseek", False, (2, 1, 48)),  # MLA heads split, MoE experts split
     ("tiny_deepseek", True, (2, 1, 48)),  # MoE experts whole per rank
+    ("tiny_gemma2", False, (2, 1, 16)),  # soft caps, local / global layers, tied embeddings
+    ("tiny_gemma3", False, (2, 1, 16)),  # q/k norms, a RoPE per layer type
+    ("tiny_gpt_oss", False, (2, 1, 16)),  # sinks split with the heads, experts split by width
+    ("tiny_gpt_oss", True, (2, 1, 16)),  # experts whole per rank
 ]
 
 
