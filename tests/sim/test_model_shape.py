@@ -6,7 +6,9 @@ import json
 import pytest
 from transformers import AutoConfig
 
+from lab.cache.groups import num_tensors
 from lab.engine.llm import LLM
+from lab.executor.sim import kv_cache_groups
 from lab.sim.configs import CONFIGS, write_configs
 from lab.sim.model_shape import ModelShape
 from tests.options import tiny_models
@@ -18,10 +20,14 @@ def worker(request):
     return llm.engine.executor.worker
 
 
-def test_kv_bytes_per_block_equal_the_workers(worker):
+def test_kv_groups_and_bytes_per_block_equal_the_workers(worker):
     shape = ModelShape.from_hf_config(worker.hf_config)
+    groups = kv_cache_groups(worker.hf_config, worker.config)  # what the simulator plans with
+    assert groups == worker.kv_groups
     elem = worker.dtype.itemsize  # fp32 on the CPU
     assert shape.kv_bytes_per_token(elem) * worker.block_size == worker.bytes_per_block
+    assert (shape.kv_bytes_per_token_per_layer(elem) * worker.block_size * num_tensors(groups)
+            == worker.bytes_per_block)
 
 
 def test_parameter_count_and_bytes_equal_the_loaded_models(worker):
