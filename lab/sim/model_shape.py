@@ -40,10 +40,10 @@ The config fields `tp` must divide are refused as the model classes refuse them 
 spec's checks: heads, kv heads, intermediate sizes, experts).
 
 Sliding windows: `layer_windows` holds each layer's window as the architecture's spec gives it
-(`layer_attention_specs`: None for a full-attention layer), what the roofline counts a layer's
-attention over (lab/sim/step_time/roofline.py) and the KV cache groups are formed from
-(lab/cache/groups.py, in the simulator as in the worker). KV bytes per token are the same in
-every layer (one KV layout, `kv_bytes_per_token_per_layer`).
+(`layer_attention_specs`: None for a full-attention layer; the specs the simulator groups the
+KV cache by, as the worker does: lab/executor/sim.py), what the roofline counts a layer's
+attention over (lab/sim/step_time/roofline.py). KV bytes per token are the same in every layer
+(one KV layout, `kv_bytes_per_token_per_layer`).
 """
 
 from __future__ import annotations
