@@ -4,9 +4,11 @@ statistics, driven by a step-time model instead of a GPU.
 No weights are loaded: the model is its config.json (a tiny embedded model, any checkpoint, or a
 config-only directory such as those `python -m lab.sim.configs` writes). The executor
 
-- describes the model from its config (lab/sim/model_shape.py): KV bytes per block in the run's
-  KV dtype, weight bytes (quantized linears at 1 or 0.5 bytes), the tokenizer when the directory
-  has one;
+- describes the model from its config (lab/sim/model_shape.py): its KV cache groups as the
+  worker forms them (lab/cache/groups.py: its layers' sliding windows on one rank, grouped
+  under cache.hybrid), KV bytes per block in the run's KV dtype as the worker lays them out
+  (a page of block_size tokens in each of the groups' `num_tensors` KV tensors), weight bytes
+  (quantized linears at 1 or 0.5 bytes), the tokenizer when the directory has one;
 - plans the cache as the simulated device would: `num_gpu_blocks` when set; on `sim.device=cpu`
   the real CPU worker's rule (lab.worker.worker.cpu_kv_bytes); on a GPU memory x
   gpu_memory_utilization - weights - an activation estimate;
@@ -34,6 +36,13 @@ import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from lab.cache.groups import (
+    KVCacheGroup,
+    describe_groups,
+    group_layers,
+    max_blocks_per_request,
+    num_tensors,
+)
 from lab.cache.sizing import CacheSizing, cpu_kv_bytes
 from lab.clock import VirtualClock
 from lab.config.dtypes import DTYPE_BYTES, resolve_dtype_name
@@ -41,6 +50,7 @@ from lab.config.worker import WorkerConfig
 from lab.core.model_info import ModelInfo, eos_token_ids
 from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.executor.base import Executor
+from lab.models.registry import arch_spec
 from lab.sim.comm import AllReduceModel, MeasuredAllReduce
 from lab.sim.device import DeviceSpec, device_spec
 from lab.sim.model_shape import QUANT_WEIGHT_BYTES, ModelShape
@@ -79,7 +89,9 @@ class SimExecutor(Executor):
         self.target = sim_target(self.hf_config, self.device, config, allreduce)
         self.step_time = step_time.bind(self.target)
         self.clock = VirtualClock()
-        self.bytes_per_block = self.target.kv_bytes_per_token * config.knobs.block_size
+        self.kv_groups = kv_cache_groups(self.hf_config, config)
+        self.bytes_per_block = (self.target.kv_bytes_per_token_per_layer * config.knobs.block_size
+                                * num_tensors(self.kv_groups))
         self.num_blocks = 0
         self.max_model_len = 0
         self._last_step_end: float | None = None  # the first step comes after idle
@@ -91,6 +103,8 @@ class SimExecutor(Executor):
                  f" x {tp} ranks ({self.target.allreduce!r})" if tp > 1 else "",
                  self.target.weight_bytes / 2**30, self.target.kv_bytes_per_token,
                  " per rank" if tp > 1 else "")
+        if len(self.kv_groups) > 1 or self.kv_groups[0].spec.sliding_window is not None:
+            log.info("KV cache: %s", describe_groups(self.kv_groups))
 
     def timing(self) -> str:
         tp = self.target.tensor_parallel_size
@@ -100,7 +114,8 @@ class SimExecutor(Executor):
     def model_info(self) -> ModelInfo:
         path = Path(self.config.model_path)  # a config-only directory has no tokenizer
         return ModelInfo.of(self.hf_config, self.bytes_per_block, self.target.weight_bytes,
-                            path if (path / "tokenizer.json").is_file() else None)
+                            path if (path / "tokenizer.json").is_file() else None,
+                            kv_groups=self.kv_groups)
 
     # -- the cache --------------------------------------------------------------------------
     def determine_num_blocks(self, sizing: CacheSizing) -> int:
@@ -126,13 +141,17 @@ class SimExecutor(Executor):
         return int(min(num_blocks, cap))
 
     def _max_useful_blocks(self) -> int:
-        """max_num_seqs requests of the model's full context (+ the null block): a simulated
-        tiny model on a large GPU would get millions of blocks that no step can use (they
-        could only hold more prefix cache), and building their pool takes most of the run."""
+        """max_num_seqs requests of the model's full context, each holding its blocks in every
+        KV cache group (a sliding-window group only its window's), + the null block: a
+        simulated tiny model on a large GPU would get millions of blocks that no step can use
+        (they could only hold more prefix cache), and building their pool takes most of the
+        run."""
         from lab.core.model_info import model_context_limit
 
-        per_request = -(-model_context_limit(self.hf_config) // self.config.knobs.block_size)
-        return self.config.knobs.max_num_seqs * per_request + 1
+        knobs = self.config.knobs
+        per_request = max_blocks_per_request(self.kv_groups, model_context_limit(self.hf_config),
+                                             knobs.block_size, knobs.max_num_batched_tokens)
+        return knobs.max_num_seqs * per_request + 1
 
     def initialize_cache(
         self, num_blocks: int, max_model_len: int, num_swap_blocks: int = 0
@@ -209,6 +228,15 @@ def sim_target(hf_config, device: DeviceSpec, config: WorkerConfig,
     return SimTarget(shape, device, dtype_bytes,
                      linear_weight_bytes(hf_config, config.quant, dtype_bytes), kv_bytes,
                      allreduce)
+
+
+def kv_cache_groups(hf_config, config: WorkerConfig) -> tuple[KVCacheGroup, ...]:
+    """The model's KV cache groups as the worker forms them (lab/worker/worker.py): its
+    layers' AttentionSpecs on one of tensor_parallel_size ranks, from the config alone,
+    grouped with cache.hybrid (lab/cache/groups.py)."""
+    specs = arch_spec(hf_config).layer_attention_specs(hf_config,
+                                                       config.knobs.tensor_parallel_size)
+    return group_layers(specs, config.kv_hybrid)
 
 
 def linear_weight_bytes(hf_config, quant: dict | None, dtype_bytes: float) -> float:

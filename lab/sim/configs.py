@@ -5,8 +5,10 @@ no weights and no tokenizer (prompts are token ids).
     python run.py executor=sim model=hf model.path=OUT_DIR/llama3_8b sim.device=h100
 
 Values are copied from the models' Hugging Face repositories (meta-llama/Meta-Llama-3-8B,
-deepseek-ai/DeepSeek-V3: an fp8 checkpoint, whose quantization_config the simulator reads as
-1-byte linear weights; its multi-token-prediction layer is not modelled).
+mistralai/Mistral-7B-v0.1: every layer slides over 4096 tokens of 32k positions, a hybrid KV
+cache's one sliding-window group; deepseek-ai/DeepSeek-V3: an fp8 checkpoint, whose
+quantization_config the simulator reads as 1-byte linear weights; its multi-token-prediction
+layer is not modelled).
 """
 
 from __future__ import annotations
@@ -24,6 +26,16 @@ LLAMA3_8B = {
     "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 500000.0,
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
     "vocab_size": 128256,
+}
+
+MISTRAL_7B = {
+    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+    "vocab_size": 32000,
 }
 
 DEEPSEEK_V3 = {
@@ -48,7 +60,7 @@ DEEPSEEK_V3 = {
     "torch_dtype": "bfloat16", "use_cache": True, "v_head_dim": 128, "vocab_size": 129280,
 }
 
-CONFIGS = {"llama3_8b": LLAMA3_8B, "deepseek_v3": DEEPSEEK_V3}
+CONFIGS = {"llama3_8b": LLAMA3_8B, "mistral_7b": MISTRAL_7B, "deepseek_v3": DEEPSEEK_V3}
 
 
 def write_configs(out_dir: str | Path, names: list[str] | None = None) -> dict[str, Path]:

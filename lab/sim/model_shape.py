@@ -44,10 +44,17 @@ every count below (parameters, weight bytes, FLOPs, KV bytes) is that rank's:
 
 The config fields `tp` must divide are refused as the model classes refuse them (the arch
 spec's checks: heads, kv heads, intermediate sizes, experts).
+
+Sliding windows: `layer_windows` holds each layer's window as the architecture's spec gives it
+(`layer_attention_specs`: None for a full-attention layer; the specs the simulator groups the
+KV cache by, as the worker does: lab/executor/sim.py), what the roofline counts a layer's
+attention over (lab/sim/step_time/roofline.py). KV bytes per token are the same in every layer
+(one KV layout, `kv_bytes_per_token_per_layer`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +113,13 @@ class ModelShape:
     # tensor parallelism: this shape is one of `tensor_parallel_size` ranks (module docstring)
     tensor_parallel_size: int = 1
     expert_parallel: bool = False
+    # each layer's sliding window (None: full attention); () when every layer is full
+    layer_windows: tuple[int | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ValueError(f"{len(self.layer_windows)} layer windows for a model of "
+                             f"{self.num_layers} layers")
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -124,6 +138,7 @@ class ModelShape:
             vocab_size=-(-cfg.vocab_size // tp), num_heads=spec.num_heads,
             num_kv_heads=spec.num_kv_heads, intermediate_size=cfg.intermediate_size // tp,
             tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings", False)),
+            layer_windows=layer_windows(family.layer_attention_specs(cfg, tp)),
             kv_elems_per_token=spec.kv_elems_per_token, tensor_parallel_size=tp,
             expert_parallel=bool(expert_parallel) and tp > 1)
         if spec.kind == "mla":
@@ -191,6 +206,10 @@ class ModelShape:
     @property
     def num_moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    def window_layers(self) -> dict[int | None, int]:
+        """How many layers attend within each sliding window (None: full attention)."""
+        return dict(Counter(self.layer_windows or (None,) * self.num_layers))
 
     # -- parameters -------------------------------------------------------------------------
     def attention_linear_params(self) -> int:
@@ -292,10 +311,15 @@ class ModelShape:
         return int(round((dense + routed) * linear_bytes + other * dtype_bytes))
 
     # -- per token ----------------------------------------------------------------------------
+    def kv_bytes_per_token_per_layer(self, kv_dtype_bytes: float) -> int:
+        """KV-cache bytes of one token in one layer (the attention spec's elements per token:
+        K and V of every KV head, or MLA's latent row): a block's page in one KV tensor is
+        block_size of them (lab/attention/base.py's KVCacheSpec.page_bytes)."""
+        return int(self.kv_elems_per_token * kv_dtype_bytes)
+
     def kv_bytes_per_token(self, kv_dtype_bytes: float) -> int:
-        """KV-cache bytes of one token over all layers (the attention spec's elements per token:
-        K and V of every KV head, or MLA's latent row)."""
-        return int(self.num_layers * self.kv_elems_per_token * kv_dtype_bytes)
+        """KV-cache bytes of one token over all layers."""
+        return self.num_layers * self.kv_bytes_per_token_per_layer(kv_dtype_bytes)
 
     def attention_dims(self, decode: bool) -> tuple[int, int]:
         """(query-key width, value width) per head and layer: what one query-key pair costs in
@@ -307,10 +331,12 @@ class ModelShape:
             return self.kv_lora_rank + self.qk_rope_head_dim, self.kv_lora_rank
         return self.head_dim, self.v_head_dim
 
-    def attention_flops(self, pairs: int, decode: bool) -> float:
-        """FLOPs of `pairs` query-key pairs over all heads and layers (scores + weighted sum)."""
+    def attention_flops(self, pairs: float, decode: bool, layers: int | None = None) -> float:
+        """FLOPs of `pairs` query-key pairs in each of `layers` layers (default: all of them),
+        over all heads (scores + weighted sum)."""
         qk, v = self.attention_dims(decode)
-        return 2.0 * pairs * self.num_heads * (qk + v) * self.num_layers
+        layers = self.num_layers if layers is None else layers
+        return 2.0 * pairs * self.num_heads * (qk + v) * layers
 
     def flops_per_token(self, context: int = 0) -> float:
         """Forward FLOPs of one token attending to `context` keys: 2 x active linear params
@@ -329,3 +355,9 @@ class ModelShape:
         per_token = 4 * self.hidden_size + attn + 2 * mlp
         logits = num_seqs * self.vocab_size * self.tensor_parallel_size * 4
         return int(num_tokens * per_token * dtype_bytes + logits)
+
+
+def layer_windows(specs) -> tuple[int | None, ...]:
+    """The layers' sliding windows from their AttentionSpecs; () when no layer has one."""
+    windows = tuple(spec.sliding_window for spec in specs)
+    return windows if any(w is not None for w in windows) else ()

@@ -1,12 +1,15 @@
-"""lab/sim/model_shape.py against the real thing: the KV bytes per block and the parameter count of
-every embedded tiny model equal those of the loaded model; published sizes of real models."""
+"""lab/sim/model_shape.py against the real thing: the KV cache groups, KV bytes per block and
+parameter count of every embedded tiny model equal those of the loaded model; published sizes of
+real models."""
 
 import json
 
 import pytest
 from transformers import AutoConfig
 
+from lab.cache.groups import num_tensors
 from lab.engine.llm import LLM
+from lab.executor.sim import kv_cache_groups
 from lab.sim.configs import CONFIGS, write_configs
 from lab.sim.model_shape import ModelShape
 from tests.options import tiny_models
@@ -14,14 +17,18 @@ from tests.options import tiny_models
 
 @pytest.fixture(scope="module", params=tiny_models())
 def worker(request):
-    llm = LLM(request.param, num_gpu_blocks=8, max_model_len=64, device="cpu")
+    # 64 blocks: a request of 64 tokens holds blocks in every KV cache group of a hybrid model
+    llm = LLM(request.param, num_gpu_blocks=64, max_model_len=64, device="cpu")
     return llm.engine.executor.worker
 
 
-def test_kv_bytes_per_block_equal_the_workers(worker):
+def test_kv_groups_and_bytes_per_block_equal_the_workers(worker):
     shape = ModelShape.from_hf_config(worker.hf_config)
+    groups = kv_cache_groups(worker.hf_config, worker.config)  # what the simulator plans with
+    assert groups == worker.kv_groups
     elem = worker.dtype.itemsize  # fp32 on the CPU
-    assert shape.kv_bytes_per_token(elem) * worker.block_size == worker.bytes_per_block
+    assert (shape.kv_bytes_per_token_per_layer(elem) * worker.block_size * num_tensors(groups)
+            == worker.bytes_per_block)
 
 
 def test_parameter_count_and_bytes_equal_the_loaded_models(worker):

@@ -240,6 +240,25 @@ def test_at_tensor_parallel_n_the_split_operators_take_one_nth():
     assert ops.predict(shape, 2) == pytest.approx(ops.predict(shape) - split / 2)
 
 
+def test_binding_a_sliding_model_to_a_profile_short_of_its_windows_warns(caplog):
+    from lab.sim.device import DEVICES
+    from lab.sim.model_shape import ModelShape
+    from lab.sim.step_time import SimTarget
+
+    profile = prof.build_profile(synthetic_samples(True), True,
+                                 {"model": "toy", "attention": "torch",
+                                  "config": {"block_size": 16}, "machine": {}, "commit": "x"})
+    measured = max(Operators.of(profile).decode.keys)
+    shape = ModelShape(num_layers=2, hidden_size=4, vocab_size=10, num_heads=2, num_kv_heads=1,
+                       head_dim=2, intermediate_size=8, kv_elems_per_token=4)
+    model = ProfiledStepTime(profile=profile)
+    for windows, warns in [((), False), ((measured // 2, None), False),
+                           ((measured * 2, None), True)]:
+        caplog.clear()
+        model.bind(SimTarget(replace(shape, layer_windows=windows), DEVICES["cpu"], 4, 4, 4))
+        assert ("inside the model's sliding windows" in caplog.text) == warns
+
+
 def test_validate_warns_when_a_given_profile_was_measured_otherwise():
     from lab.config.compose import compose_config
     from lab.sim.validate import mismatches

@@ -52,8 +52,13 @@ class SimTarget:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Of one rank's cache."""
+        """Of one rank's cache, over all layers."""
         return self.model.kv_bytes_per_token(self.kv_dtype_bytes)
+
+    @property
+    def kv_bytes_per_token_per_layer(self) -> int:
+        """Of one rank's cache, in one layer."""
+        return self.model.kv_bytes_per_token_per_layer(self.kv_dtype_bytes)
 
     @property
     def weight_bytes(self) -> int:

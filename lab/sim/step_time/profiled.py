@@ -42,6 +42,13 @@ the heads and linear columns), sampling and the CPU term as measured, and the ex
 step's collectives (lab/sim/comm.py): the device's ring model, or the table a profile measured
 with `python -m lab.sim.profile --allreduce-ranks n` through `sim.allreduce=PROFILE.json`. An
 approximation: the split GEMMs of a small model do not scale perfectly.
+
+Sliding windows: the sweep runs the real model, so a profile of a model whose layers slide
+(Mistral, Gemma, gpt-oss) measured its attention with the windows applied, as the backend
+applies them, up to the sweep's longest context (`--max-context`, 512 by default). Past it the
+surfaces extrapolate linearly in context, which a sliding layer is not once the context
+passes its window (it reads W keys however long the request): profile to a context past the
+largest window to see the flattening; `bind` warns when no measured context reaches a window.
 """
 
 from __future__ import annotations
@@ -251,6 +258,13 @@ class ProfiledStepTime(StepTimeModel):
         if not target.device.is_cpu and self.profile.get("device") == "cpu":
             log.warning("a CPU profile (%s) simulates %s: its times are this machine's, not the "
                         "device's", self.path, target.device.name)
+        windows = [w for w in target.model.layer_windows if w is not None]
+        measured = max(self.operators.decode.keys)
+        if windows and measured < min(windows):
+            log.warning("the profile %s measured decode contexts up to %d, inside the model's "
+                        "sliding windows (%s): past them its attention is extrapolated linearly "
+                        "while the sliding layers read a window's keys (module docstring)",
+                        self.path, measured, ", ".join(map(str, sorted(set(windows)))))
         bound = ProfiledStepTime(self.path, self.variance, self.seed, self.profile)
         bound.tensor_parallel_size = target.tensor_parallel_size
         return bound
