@@ -18,7 +18,6 @@ from transformers import AutoConfig
 from lab.cache.groups import group_layers
 from lab.models.registry import arch_spec
 from lab.models.tiny import ensure_tiny_model
-
 from tests.engine.parity_utils import (
     ALL_MODES,
     check_greedy_parity,
