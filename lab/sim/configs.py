@@ -38,6 +38,41 @@ MISTRAL_7B = {
     "vocab_size": 32000,
 }
 
+# the text model of google/gemma-3-12b-it (its text_config, as a text-only Gemma3ForCausalLM):
+# 5 local layers (a 1024-token window) to 1 global one
+GEMMA3_12B = {
+    "architectures": ["Gemma3ForCausalLM"], "attn_logit_softcapping": None, "bos_token_id": 2,
+    "eos_token_id": [1, 106], "final_logit_softcapping": None, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3840,
+    "intermediate_size": 15360, "max_position_embeddings": 131072,
+    "model_type": "gemma3_text", "num_attention_heads": 16, "num_hidden_layers": 48,
+    "num_key_value_heads": 8, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0,
+    "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "rope_theta": 1000000.0,
+    "sliding_window": 1024, "sliding_window_pattern": 6, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 262208,
+}
+
+# openai/gpt-oss-20b in bf16 (without its MXFP4 quantization_config, which lab refuses):
+# sliding (128 tokens) and full layers alternate, 32 experts of which 4 per token
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+    "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+    "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+    "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                     "truncate": False},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+    "swiglu_limit": 7.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 201088,
+}
+
 DEEPSEEK_V3 = {
     "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False,
     "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1,
@@ -60,7 +95,8 @@ DEEPSEEK_V3 = {
     "torch_dtype": "bfloat16", "use_cache": True, "v_head_dim": 128, "vocab_size": 129280,
 }
 
-CONFIGS = {"llama3_8b": LLAMA3_8B, "mistral_7b": MISTRAL_7B, "deepseek_v3": DEEPSEEK_V3}
+CONFIGS = {"llama3_8b": LLAMA3_8B, "mistral_7b": MISTRAL_7B, "gemma3_12b": GEMMA3_12B,
+           "gpt_oss_20b": GPT_OSS_20B, "deepseek_v3": DEEPSEEK_V3}
 
 
 def write_configs(out_dir: str | Path, names: list[str] | None = None) -> dict[str, Path]:

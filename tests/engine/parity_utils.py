@@ -17,10 +17,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from lab import LLM, SamplingParams
+from lab.cache.groups import group_layers, max_blocks_per_request
+from lab.config.knobs import EngineKnobs
 from lab.core.stats import StepStats
+from lab.models.registry import arch_spec
 from lab.models.tiny import ensure_tiny_model
 
 MAX_TOKENS = 24
@@ -82,11 +85,33 @@ class ParityRun:
     steps: list[StepStats]
 
 
+def kv_groups(model_name: str, hybrid: bool = True) -> tuple:
+    """The preset's KV cache groups (lab/cache/groups.py): one unless its layers mix kinds."""
+    cfg = AutoConfig.from_pretrained(ensure_tiny_model(model_name))
+    return group_layers(arch_spec(cfg).layer_attention_specs(cfg), hybrid)
+
+
+def blocks_for_groups(model_name: str, knobs: dict) -> dict:
+    """`knobs` with num_gpu_blocks (a count sized for one full-attention group: a request of
+    max_model_len and a couple to spare, so requests preempt each other) replaced, for a model
+    with sliding-window KV cache groups, by what a request of max_model_len holds over its
+    groups plus two: the same pressure, as a window's blocks are freed."""
+    if knobs.get("num_gpu_blocks") is None:
+        return knobs
+    groups = kv_groups(model_name, knobs.get("cache.hybrid", True))
+    if all(g.spec.sliding_window is None for g in groups):
+        return knobs
+    step = knobs.get("max_num_batched_tokens", EngineKnobs().max_num_batched_tokens)
+    need = max_blocks_per_request(groups, knobs["max_model_len"], knobs["block_size"], step)
+    return knobs | {"num_gpu_blocks": need + 2}
+
+
 def run_parity(model_name: str, sets: list[str], **knobs) -> dict[str, ParityRun]:
     """Run each prompt set ("default", "prefix") in turn through one LLM (BASE + `knobs`, which
-    may name the engine_client); assert that the core holds no request and no KV block after,
-    and shut the engine down (an mp core process ends)."""
-    llm = LLM(model_name, **(BASE | knobs))
+    may name the engine_client; num_gpu_blocks as for one KV cache group, `blocks_for_groups`);
+    assert that the core holds no request and no KV block after, and shut the engine down (an
+    mp core process ends)."""
+    llm = LLM(model_name, **blocks_for_groups(model_name, BASE | knobs))
     try:
         runs = {}
         for name in sets:

@@ -1,28 +1,26 @@
 """Parity for the families whose layers use attention features (tiny_models("hybrid"): Mistral's
 and Qwen2's sliding windows, Gemma-2's soft caps, Gemma-3's local / global layers, gpt-oss's
-sinks): greedy ids of `LLM(attention="torch")` equal transformers' `generate` in the five modes
-of tests/engine/parity_utils.py (ALL_MODES: default, chunked prefill, prefix-cache hits,
-preemption by recompute and by swap). The prompts and their 24 new tokens outgrow every
-preset's window several times. Inproc only: an mp core process runs the same model code, and
-tests/engine/test_engine_parity.py checks that boundary.
+sinks): greedy ids of `LLM(attention="torch")` equal transformers' `generate` in the modes of
+tests/engine/parity_utils.py: default; chunked prefill, prefix-cache hits and preemption by
+recompute in one engine (MP_KNOBS, both prompt sets: each effect checked); preemption by swap.
+The prompts and their 24 new tokens outgrow every preset's window several times. Inproc only:
+an mp core process runs the same model code, and tests/engine/test_engine_parity.py checks
+that boundary.
 
 Every mode runs over the hybrid KV cache (lab/cache/groups.py: sliding layers in their own KV
-cache groups, freeing what leaves the window); the preemption modes get as many blocks per
-group as the one-group cache of parity_utils (the same KV bytes: a block is one page per
-layer of a group), and `test_hybrid_off_parity` runs the default mode with every layer in one
-full-attention group (cache.hybrid=false)."""
+cache groups, freeing what leaves the window), with blocks enough for one request of
+max_model_len over every group and two to spare in the preemption modes (`blocks_for_groups`);
+`test_hybrid_off_parity` runs the default mode with every layer in one full-attention group
+(cache.hybrid=false)."""
 
 import pytest
-from transformers import AutoConfig
 
-from lab.cache.groups import group_layers
-from lab.models.registry import arch_spec
-from lab.models.tiny import ensure_tiny_model
 from tests.engine.parity_utils import (
-    ALL_MODES,
+    MP_KNOBS,
     check_greedy_parity,
     hf_greedy_outputs,
     model_name_fixture,
+    run_parity,
 )
 from tests.options import tiny_models
 
@@ -35,17 +33,20 @@ def hf_outputs(model_name):
     return hf_greedy_outputs(model_name)
 
 
-def num_groups(model_name: str) -> int:
-    cfg = AutoConfig.from_pretrained(ensure_tiny_model(model_name))
-    return len(group_layers(arch_spec(cfg).layer_attention_specs(cfg)))
-
-
-@pytest.mark.parametrize("mode", list(ALL_MODES))
+@pytest.mark.parametrize("mode", ["default", "swap"])
 def test_hybrid_greedy_parity(model_name, hf_outputs, mode):
-    knobs = {}
-    if "num_gpu_blocks" in ALL_MODES[mode]:
-        knobs["num_gpu_blocks"] = ALL_MODES[mode]["num_gpu_blocks"] * num_groups(model_name)
-    check_greedy_parity(model_name, hf_outputs, mode, "inproc", attention="torch", **knobs)
+    check_greedy_parity(model_name, hf_outputs, mode, "inproc", attention="torch")
+
+
+def test_hybrid_chunked_prefix_preempt_parity(model_name, hf_outputs):
+    runs = run_parity(model_name, ["default", "prefix"], attention="torch", **MP_KNOBS)
+    for run in runs.values():
+        for prompt, ids in zip(run.prompts, run.token_ids):
+            assert ids == hf_outputs[tuple(prompt)], f"prompt of {len(prompt)} tokens"
+    steps = [s for run in runs.values() for s in run.steps]
+    assert max(s.num_scheduled_tokens for s in steps) <= MP_KNOBS["max_num_batched_tokens"]
+    assert sum(s.prefix_cache_hits for s in runs["prefix"].steps) > 0
+    assert sum(s.num_preempted for s in steps) > 0
 
 
 def test_hybrid_off_parity(model_name, hf_outputs):

@@ -14,14 +14,23 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from lab import LLM, SamplingParams
-from tests.engine.parity_utils import BASE, MAX_TOKENS, MP_KNOBS, ParityRun, parity_prompts
+from tests.engine.parity_utils import (
+    BASE,
+    MAX_TOKENS,
+    MP_KNOBS,
+    ParityRun,
+    blocks_for_groups,
+    parity_prompts,
+)
 
 TP2 = dict(tensor_parallel_size=2, attention="torch", kernels="torch")
 
 
 def make_llm(model: str, **knobs) -> LLM:
-    """An LLM with the parity knobs (BASE | MP_KNOBS) and `knobs`."""
-    return LLM(model, **(BASE | MP_KNOBS | dict(attention="torch", kernels="torch") | knobs))
+    """An LLM with the parity knobs (BASE | MP_KNOBS) and `knobs` (MP_KNOBS' blocks as many as
+    the model's KV cache groups need, `blocks_for_groups`)."""
+    return LLM(model, **blocks_for_groups(
+        model, BASE | MP_KNOBS | dict(attention="torch", kernels="torch") | knobs))
 
 
 @contextmanager
