@@ -24,11 +24,12 @@ class Gemma2Spec(LlamaSpec):
     """Gemma-2: local / global layers, attention soft cap, four norms a layer, GELU MLP."""
 
     model = "lab.models.gemma:Gemma2ForCausalLM"
+    qk_norm = False  # per-head q / k norms (Gemma-3)
 
     @classmethod
     def arch(cls, cfg) -> LlamaArch:
         bias = bool(getattr(cfg, "attention_bias", False))
-        return LlamaArch(bias, bias, False, qk_norm=False, post_norms=True)
+        return LlamaArch(bias, bias, False, qk_norm=cls.qk_norm, post_norms=True)
 
     @classmethod
     def layer_types(cls, cfg) -> list[str]:
@@ -61,11 +62,7 @@ class Gemma3Spec(Gemma2Spec):
     attention soft cap."""
 
     model = "lab.models.gemma:Gemma3ForCausalLM"
-
-    @classmethod
-    def arch(cls, cfg) -> LlamaArch:
-        bias = bool(getattr(cfg, "attention_bias", False))
-        return LlamaArch(bias, bias, False, qk_norm=True, post_norms=True)
+    qk_norm = True
 
     @classmethod
     def layer_types(cls, cfg) -> list[str]:

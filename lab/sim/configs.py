@@ -6,7 +6,10 @@ no weights and no tokenizer (prompts are token ids).
 
 Values are copied from the models' Hugging Face repositories (meta-llama/Meta-Llama-3-8B,
 mistralai/Mistral-7B-v0.1: every layer slides over 4096 tokens of 32k positions, a hybrid KV
-cache's one sliding-window group; deepseek-ai/DeepSeek-V3: an fp8 checkpoint, whose
+cache's one sliding-window group; google/gemma-3-12b-it's text model: 5 local layers of 1024
+tokens to 1 global; openai/gpt-oss-20b without its MXFP4 quantization_config (lab refuses
+MXFP4; simulated as bf16): sliding (128 tokens) and full layers alternate;
+deepseek-ai/DeepSeek-V3: an fp8 checkpoint, whose
 quantization_config the simulator reads as 1-byte linear weights; its multi-token-prediction
 layer is not modelled).
 """

@@ -17,6 +17,7 @@ from lab.kernels.paged_decode import (
     paged_decode_attention,
     paged_decode_attention_ref,
 )
+from tests.kernels.features import CUDA_FEATURES, feature_kwargs
 from tests.kernels.sm90 import compile_for_sm90
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -339,7 +340,7 @@ def test_decode_bf16_cuda(num_splits):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("features", ["window", "sinks", "softcap", "all"])
+@pytest.mark.parametrize("features", CUDA_FEATURES)
 def test_decode_features_bf16_cuda(features):
     """Llama-8B-like decode (B=32, ctx ~4k, GQA 32:8, d=128, block 16, bf16) with a sliding
     window of 1000 (keys below it NaN: never read), sinks, a soft cap of 30, or all three;
@@ -348,13 +349,7 @@ def test_decode_features_bf16_cuda(features):
     lens = torch.randint(3500, 4097, (32,)).tolist()
     case = make_case(lens, 16, num_kv_heads=8, group=4, head_dim=128, dtype=torch.bfloat16,
                      device="cuda")
-    kw = {}
-    if features in ("window", "all"):
-        kw["sliding_window"] = 1000
-    if features in ("sinks", "all"):
-        kw["sinks"] = torch.randn(32, device="cuda")
-    if features in ("softcap", "all"):
-        kw["softcap"] = 30.0
+    kw = feature_kwargs(features, 1000, num_heads=32)
     splits = choose_num_splits(32, kw.get("sliding_window", 4096), num_kv_heads=8)
     run_case = poison_outside_window(case, kw["sliding_window"]) if "sliding_window" in kw \
         else case

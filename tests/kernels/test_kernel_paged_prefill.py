@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import lab.kernels  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before kernel modules load)
 from lab.kernels.kv_cache_write import write_kv_cache_ref
 from lab.kernels.paged_prefill import paged_attention, paged_attention_ref, pick_config
+from tests.kernels.features import CUDA_FEATURES, feature_kwargs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # interpreter on CPU
 SENTINEL = -7.0  # fills `out`; rows past query_start_loc[B] must keep it
@@ -289,17 +290,11 @@ def test_bf16_cuda_realistic():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("features", ["window", "sinks", "softcap", "all"])
+@pytest.mark.parametrize("features", CUDA_FEATURES)
 def test_bf16_cuda_features(features):
     """The realistic bf16 mixed batch with a sliding window of 300 (keys below every query's
     window NaN: never read), sinks, a soft cap of 30, or all three; the kernel's own tiles."""
     batch = make_batch([1024, 1, 200, 37], [0, 1023, 824, 990], 16, 8, 4, 128,
                        torch.bfloat16, seed=12, device="cuda")
-    kw = {}
-    if features in ("window", "all"):
-        kw["sliding_window"] = 300
-    if features in ("sinks", "all"):
-        kw["sinks"] = torch.randn(32, device="cuda")
-    if features in ("softcap", "all"):
-        kw["softcap"] = 30.0
+    kw = feature_kwargs(features, 300, num_heads=32)
     check(batch, **kw)

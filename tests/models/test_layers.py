@@ -43,25 +43,21 @@ def test_merged_linear_shards_and_shape_errors():
         plain.weight.weight_loader(plain.weight, torch.zeros(6, 5))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rmsnorm_matches_hf_and_fuses_residual(dtype):
-    ours, ref = RMSNorm(16, eps=1e-5), LlamaRMSNorm(16, eps=1e-5)
-    w = torch.rand(16) + 0.5
-    ours.weight.data.copy_(w)
-    ref.weight.data.copy_(w)
-    ours, ref = ours.to(dtype), ref.to(dtype)
-    x, r = torch.randn(5, 16, dtype=dtype), torch.randn(5, 16, dtype=dtype)
-    torch.testing.assert_close(ours(x), ref(x), atol=0, rtol=0)
-    y, new_r = ours(x, r)
-    torch.testing.assert_close(new_r, x + r, atol=0, rtol=0)
-    torch.testing.assert_close(y, ref(x + r), atol=0, rtol=0)
+NORMS = {  # ours, transformers', a weight: Gemma's weight is the offset from 1, applied in
+    # float32 before the cast
+    "llama": (lambda: RMSNorm(16, eps=1e-5), lambda: LlamaRMSNorm(16, eps=1e-5),
+              lambda: torch.rand(16) + 0.5),
+    "gemma": (lambda: GemmaRMSNorm(16, eps=1e-6), lambda: Gemma2RMSNorm(16, eps=1e-6),
+              lambda: 0.3 * torch.randn(16)),
+}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gemma_rmsnorm_matches_hf_and_fuses_residual(dtype):
-    """The weight is the offset from 1, applied in float32 before the cast (bit-exact)."""
-    ours, ref = GemmaRMSNorm(16, eps=1e-6), Gemma2RMSNorm(16, eps=1e-6)
-    w = 0.3 * torch.randn(16)
+@pytest.mark.parametrize("norm", list(NORMS))
+def test_rmsnorm_matches_hf_and_fuses_residual(norm, dtype):
+    """Bit-exact against transformers' norm, and the residual add fused."""
+    make_ours, make_ref, weight = NORMS[norm]
+    ours, ref, w = make_ours(), make_ref(), weight()
     ours.weight.data.copy_(w)
     ref.weight.data.copy_(w)
     ours, ref = ours.to(dtype), ref.to(dtype)
