@@ -9,8 +9,9 @@ models, with the blocks that leave a window freed (cache.hybrid=true, the defaul
 Two parts:
   real       tiny_mistral_sw (every layer slides over 16 tokens) and tiny_gpt_oss (sliding and
              full layers alternate, 16-token window) on this CPU, attention=cpu, a fixed KV
-             budget (cpu_kv_cache_gb), 32 prompts of 256 tokens (16x the window) + 32 outputs,
-             all at t=0, prefill in chunks of 64 tokens.
+             budget (cpu_kv_cache_gb=0.0005: room for 3 of these requests with every block
+             kept), 32 prompts of 256 tokens (16x the window) + 32 outputs, all at t=0,
+             at most 256 tokens a step.
   simulated  config-only Mistral-7B (4096-token window), Gemma-3-12B (5 local layers of 1024
              tokens to 1 global) and gpt-oss-20b (128-token window on every other layer) on a
              simulated H100 (sim/step_time=roofline: data-sheet peaks x guessed efficiencies,
@@ -44,12 +45,12 @@ FIELDS = ("part", "model", "hybrid", "kv_groups", "num_blocks", "bytes_per_block
           "max_model_len", "peak_kv_mib", "max_running", "num_preemptions", "output_throughput",
           "ttft_p50", "wall_s")
 
-REAL = {  # model -> overrides (attention=cpu: the fastest on a CPU; 64-token prefill chunks)
+REAL = {  # model -> overrides (attention=cpu: the fastest on a CPU)
     "tiny_mistral_sw": [],
     "tiny_gpt_oss": [],
 }
 REAL_COMMON = ["attention=cpu", "dtype=float32", "block_size=16", "max_num_seqs=32",
-               "max_num_batched_tokens=64", "cpu_kv_cache_gb=0.002", "warmup=false",
+               "max_num_batched_tokens=256", "cpu_kv_cache_gb=0.0005", "warmup=false",
                "cpu_threads=1"]
 SIMULATED = ("mistral_7b", "gemma3_12b", "gpt_oss_20b")
 SIM_COMMON = ["executor=sim", "sim/step_time=roofline", "sim.device=h100", "model=hf",
