@@ -40,6 +40,7 @@ def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
     summary.num_kv_blocks = engine.num_blocks - 1
     summary.kv_block_size = engine.cfg.block_size
     summary.kv_bytes_per_token = engine.kv_bytes_per_token
+    summary.kv_cache_groups = [g.spec.describe() for g in engine.model_info.kv_groups]
     summary.weight_bytes = engine.weight_bytes
     if engine.executor is not None:
         summary.timing = engine.executor.timing()

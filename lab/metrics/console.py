@@ -136,7 +136,7 @@ def summary_table(s: RunSummary) -> Table:
         ("goodput (SLOs)", goodput_text(s)),
         ("weights", f"{s.weight_bytes / 2**20:.2f} MiB"),
         ("KV cache", f"{s.num_kv_blocks} blocks x {s.kv_block_size} tokens, "
-         f"{s.kv_bytes_per_token} bytes/token"),
+         f"{s.kv_bytes_per_token} bytes/token" + kv_groups_text(s.kv_cache_groups)),
         ("peak KV usage", _pct(s.peak_kv_cache_usage)),
         ("prefix-cache hit rate", _pct(s.prefix_cache_hit_rate)),
         ("preemptions", str(s.num_preemptions)
@@ -158,6 +158,12 @@ def priority_rows(s: RunSummary) -> list[tuple[str, str]]:
         return []
     return [(f"  TTFT priority {p}", f"{_ms(d['p50'])} / {_ms(d['p99'])} ms, {d['count']} req")
             for p, d in s.ttft_by_priority.items()]
+
+
+def kv_groups_text(groups: list[str]) -> str:
+    """', 2 groups: full_attention + sliding_window(16)' for a hybrid KV cache; '' for one group
+    (its blocks hold every layer)."""
+    return f", {len(groups)} groups: {' + '.join(groups)}" if len(groups) > 1 else ""
 
 
 def goodput_text(s: RunSummary) -> str:

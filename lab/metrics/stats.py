@@ -25,7 +25,11 @@ class RunSummary:
     num_rejected: int = 0  # requests the engine refused at admission (e.g. too long)
     num_kv_blocks: int = 0  # usable KV blocks of the run (the null block excluded)
     kv_block_size: int = 0  # tokens per block
-    kv_bytes_per_token: int = 0  # KV-cache bytes one token takes over all layers
+    # a block's bytes / block_size: one token in each KV tensor, i.e. over all layers when the
+    # model has one KV cache group, over one group's layers when it has several
+    kv_bytes_per_token: int = 0
+    # the KV cache groups (lab/cache/groups.py), e.g. ["full_attention", "sliding_window(16)"]
+    kv_cache_groups: list[str] = field(default_factory=list)
     weight_bytes: int = 0  # model parameters as stored (after quantization)
     num_finished: dict[str, int] = field(default_factory=dict)  # by finish reason
     total_prompt_tokens: int = 0

@@ -52,3 +52,15 @@ def test_a_hybrid_models_full_group_keeps_the_context():
     tokens, window, most = _serve("tiny_gpt_oss")  # sliding and full layers alternate
     assert most[f"{SLIDING_WINDOW}({window})"] == -(-window // BS) + 1
     assert most["full_attention"] >= 4 * window // BS
+
+
+def test_step_stats_count_each_groups_blocks_and_the_window_frees():
+    llm = LLM("tiny_gpt_oss", **KNOBS)
+    llm.generate([list(range(3, 3 + 64))], SamplingParams(temperature=0, max_tokens=8))
+    steps = list(llm.engine.recent_steps)
+    llm.engine.shutdown()
+    assert all(len(s.kv_blocks_used_per_group) == 2 for s in steps)
+    assert all(sum(s.kv_blocks_used_per_group) == s.kv_blocks_used for s in steps)
+    full, sliding = steps[0].kv_blocks_used_per_group  # the prompt's 16 blocks in each
+    assert full == sliding == 64 // BS
+    assert sum(s.num_window_freed_blocks for s in steps) >= 64 // BS - 5
