@@ -192,8 +192,9 @@ def _draw(name: str, shape: torch.Size, config, noise: torch.Tensor) -> torch.Te
         return noise * 4.0 / config.hidden_size**0.5
     if name.endswith(("mlp.gate.weight", "mlp.router.weight")):
         return ROUTER_GAIN * noise / shape[-1] ** 0.5
-    if name.endswith(("experts.gate_up_proj", "experts.down_proj")):  # gpt-oss: [E, in, out]
-        return noise / shape[-2] ** 0.5
+    if config.model_type == "gpt_oss" and name.endswith(("experts.gate_up_proj",
+                                                         "experts.down_proj")):
+        return noise / shape[-2] ** 0.5  # gpt-oss stacks its experts as [E, in, out]
     if name.endswith("self_attn.sinks"):
         return noise
     if name.endswith("kv_b_proj.weight"):  # rows per head | k_nope | v |: gain on k_nope only
