@@ -65,6 +65,7 @@ class CausalLM(nn.Module, ABC):
         self.expert_parallel = expert_parallel
         self.attention_spec = self.arch_spec.attention_spec(hf_config, self.tp.world_size)
         self.layer_specs = self.arch_spec.layer_attention_specs(hf_config, self.tp.world_size)
+        check_one_kv_layout(self.attention_spec, self.layer_specs)
         self.num_layers = hf_config.num_hidden_layers
 
     @abstractmethod
@@ -86,3 +87,15 @@ class CausalLM(nn.Module, ABC):
         """Load HF-named tensors strictly: raise ValueError naming every missing, unexpected and
         mis-shaped tensor. Returns the names of the parameters loaded."""
 
+
+def check_one_kv_layout(spec: AttentionSpec, layer_specs: list[AttentionSpec]) -> None:
+    """Every layer's KV cache must have the model's layout (the KV cache groups share their
+    tensors, lab/cache/groups.py): a layer may differ in its features (window, sinks, soft cap),
+    not in its KV heads, head_dim or kind. ValueError naming the first layer that does."""
+    layout = (spec.num_kv_heads, spec.head_dim, spec.kind)
+    for i, layer in enumerate(layer_specs):
+        if (layer.num_kv_heads, layer.head_dim, layer.kind) != layout:
+            raise ValueError(
+                f"layer {i} has KV heads / head_dim / kind {(layer.num_kv_heads, layer.head_dim, layer.kind)} "
+                f"but the model's KV cache layout is {layout}: lab's KV cache groups share one "
+                "layout (per-layer head sizes are not supported)")

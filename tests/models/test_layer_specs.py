@@ -123,3 +123,13 @@ def test_an_mxfp4_gpt_oss_checkpoint_is_refused_by_name():
     for ask in (arch_spec(cfg).attention_spec, arch_spec(cfg).layer_attention_specs):
         with pytest.raises(ValueError, match="quant_method='mxfp4' are not supported"):
             ask(cfg)
+
+
+def test_a_model_refuses_layers_of_another_kv_layout():
+    from lab.attention.spec import AttentionSpec
+    from lab.models.base import check_one_kv_layout
+
+    base = AttentionSpec(4, 2, 16)
+    check_one_kv_layout(base, [base, AttentionSpec(4, 2, 16, sliding_window=8, sinks=True)])
+    with pytest.raises(ValueError, match="layer 1 has KV heads / head_dim / kind"):
+        check_one_kv_layout(base, [base, AttentionSpec(4, 2, 32)])
