@@ -134,10 +134,12 @@ def mp_parity_runs(model_name: str, **knobs) -> dict[str, ParityRun]:
                       **(MP_KNOBS | knobs))
 
 
-def model_name_fixture(models: list[str]):
-    """A module-scoped `model_name` fixture over `models` (assign it to that name)."""
+def model_name_fixture(models: list[str], slow: tuple[str, ...] = ()):
+    """A module-scoped `model_name` fixture over `models` (assign it to that name); the models
+    in `slow` run only in the heavy profile (`-m slow`)."""
+    params = [pytest.param(m, marks=pytest.mark.slow) if m in slow else m for m in models]
 
-    @pytest.fixture(scope="module", params=models)
+    @pytest.fixture(scope="module", params=params)
     def model_name(request):
         return request.param
 

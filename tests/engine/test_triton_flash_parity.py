@@ -88,10 +88,11 @@ def check_backend_parity(model_name: str, backend: str, kernels: str, engine_cli
 MODELS = [m for m in tiny_models("gqa") if m != "tiny_qwen2"]
 
 
-def model_fixtures(models: list[str]):
-    """The module-scoped `model_name` (over `models`) and `reference` (its reference_ids)
-    fixtures of a backend parity module: assign them to those names there."""
-    model_name = model_name_fixture(models)
+def model_fixtures(models: list[str], slow: tuple[str, ...] = ()):
+    """The module-scoped `model_name` (over `models`; those in `slow` with `-m slow` only) and
+    `reference` (its reference_ids) fixtures of a backend parity module: assign them to those
+    names there."""
+    model_name = model_name_fixture(models, slow)
 
     @pytest.fixture(scope="module")
     def reference(model_name):
@@ -100,7 +101,9 @@ def model_fixtures(models: list[str]):
     return model_name, reference
 
 
-model_name, reference = model_fixtures(MODELS)
+# the default suite runs tiny_llama (Triton's norms and rotary too) and tiny_llama_mqa (one KV
+# head); the other presets differ outside the kernels, which tests/kernels checks on every shape
+model_name, reference = model_fixtures(MODELS, slow=tuple(MODELS[2:]))
 
 
 def test_triton_flash_matches_torch_and_transformers(model_name, reference, engine_client):
