@@ -1,6 +1,7 @@
 """executor=ray at tensor_parallel_size=2 on a local Ray cluster started for this module (two
-logical CPUs, no dashboard): greedy parity with transformers for tiny_llama and tiny_deepseek over the
-parity workload (chunked prefill, prefix hits, preemption in one run), and an actor killed
+logical CPUs, no dashboard): greedy parity with transformers for tiny_llama (and tiny_deepseek
+with -m slow) over the parity prompts that share a prefix (chunked prefill, prefix hits,
+preemption in one run), and an actor killed
 mid-run -> RankFailedError naming its rank. The engines are kept for the module; the kill test
 reuses tiny_llama's."""
 
@@ -37,7 +38,9 @@ def engines():
 @pytest.mark.parametrize("model", ["tiny_llama",
                                    pytest.param("tiny_deepseek", marks=pytest.mark.slow)])
 def test_ray_tp2_greedy_equals_transformers(engines, model):
-    assert_parity(parity_run(engines(model)), hf_greedy_outputs(model))
+    """The prompts with a shared prefix (the longer ones chunked, prefix hits, preemption:
+    assert_parity checks each); executor=multiproc runs both prompt sets."""
+    assert_parity(parity_run(engines(model), ("prefix",)), hf_greedy_outputs(model))
 
 
 def test_killed_actor_is_named(engines):
