@@ -69,9 +69,11 @@ def close_loggers(loggers: list, engine, wall_time: float, warmup=None) -> None:
     """Close the loggers with a summary of the engine's recent window (the last
     `stats_window` steps and requests: a server keeps no unbounded history; the loggers
     themselves recorded every step), and the warm-up's seconds and steps (`warmup`)."""
+    from lab.engine.replay import record_engine
     from lab.metrics.stats import summarize
 
     summary = summarize(list(engine.recent_steps), list(engine.recent_requests), wall_time)
+    record_engine(summary, engine)
     if warmup is not None:
         summary.warmup_seconds, summary.warmup_steps = warmup.seconds, warmup.num_steps
     for logger in loggers:

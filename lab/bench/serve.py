@@ -427,6 +427,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     return s
 
 
+def cli(argv: Sequence[str] | None = None) -> int:
+    """The command's exit status: 0 when every request succeeded, 1 when any failed (the
+    table is printed either way), so a script or CI sees a run that measured failures."""
+    return 1 if main(argv)["failed"] else 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())
 

@@ -37,6 +37,14 @@ def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
     summary.num_rejected = rejected
     if warm is not None:
         summary.warmup_seconds, summary.warmup_steps = warm.seconds, warm.num_steps
+    record_engine(summary, engine)
+    return summary
+
+
+def record_engine(summary: RunSummary, engine: LLMEngine) -> None:
+    """What a summary says of the engine that ran: its KV cache (blocks, block size, bytes per
+    token, groups), its weights and, when the executor is in this process, how its time is
+    measured. The run.py replay and `lab serve`'s loggers both record it."""
     summary.num_kv_blocks = engine.num_blocks - 1
     summary.kv_block_size = engine.cfg.block_size
     summary.kv_bytes_per_token = engine.kv_bytes_per_token
@@ -44,7 +52,6 @@ def replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> RunSummary:
     summary.weight_bytes = engine.weight_bytes
     if engine.executor is not None:
         summary.timing = engine.executor.timing()
-    return summary
 
 
 def _replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> tuple[float, int]:

@@ -13,6 +13,7 @@ import pytest
 from lab.bench.serve import (
     RequestRecord,
     arrival_gaps,
+    cli,
     format_table,
     main,
     parse_goodput,
@@ -257,6 +258,18 @@ def test_unreachable_server_counts_failures():
     s = run(url, "--num-prompts", "2", "--input-len", "4", "--output-len", "2",
             "--timeout", "2")
     assert s["completed"] == 0 and s["failed"] == 2
+
+
+def test_the_command_exits_1_when_a_request_failed():
+    """`lab bench serve` (cli) exits 0 only when every request succeeded: a run whose requests
+    all failed used to exit 0 after printing its table."""
+    with FakeServer() as srv:
+        args = ["--base-url", srv.url, "--model", "fake", "--vocab-size", "50",
+                "--num-prompts", "2", "--input-len", "4", "--output-len", "2"]
+        assert cli(args) == 0
+        url = srv.url
+    assert cli(["--base-url", url, "--model", "fake", "--vocab-size", "50", "--num-prompts",
+                "2", "--input-len", "4", "--output-len", "2", "--timeout", "2"]) == 1
 
 
 def test_empty_text_chunks(tmp_path):

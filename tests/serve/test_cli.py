@@ -72,3 +72,6 @@ def test_serve_loggers_record_the_live_steps(tmp_path):
     assert sum(s["num_generated_tokens"] for s in steps) == 10
     assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == 2
     assert "choices:" in (tmp_path / "config.yaml").read_text()
+    summary = json.loads((tmp_path / "summary.json").read_text())  # it said 0 MiB, 0 blocks
+    assert summary["weight_bytes"] > 0 and summary["num_kv_blocks"] == 31
+    assert summary["kv_block_size"] > 0 and summary["kv_bytes_per_token"] > 0
