@@ -202,10 +202,17 @@ def run(argv: list[str]) -> None:
 
 
 def bench(argv: list[str]) -> None:
+    """lab bench NAME ARGS: `python -m lab.bench.NAME ARGS`; `lab bench --help` lists the names
+    (exit 0), an unknown or missing name exits 2 with them."""
     from lab.bench import names
 
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"usage: lab bench NAME [ARGS...]  (lab bench NAME --help)\n"
+              f"names: {', '.join(names())}")
+        sys.exit(0)
     if not argv or argv[0] not in names():
-        sys.exit(f"lab bench: name one of {', '.join(names())}")
+        print(f"lab bench: name one of {', '.join(names())}", file=sys.stderr)
+        sys.exit(2)
     name, rest = argv[0], argv[1:]
     sys.argv = [f"lab.bench.{name}", *rest]
     runpy.run_module(f"lab.bench.{name}", run_name="__main__", alter_sys=True)
@@ -219,10 +226,17 @@ def knobs(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`lab --help` prints the commands (this module's docstring) and exits 0; no command or an
+    unknown one exits 2 with the usage line."""
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"serve": serve, "run": run, "bench": bench, "knobs": knobs}
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        sys.exit(0)
     if not argv or argv[0] not in commands:
-        sys.exit("usage: lab {serve,run,bench,knobs} ...  (lab serve --help)")
+        print("usage: lab {serve,run,bench,knobs} ...  (lab --help; lab serve --help)",
+              file=sys.stderr)
+        sys.exit(2)
     commands[argv[0]](argv[1:])
 
 

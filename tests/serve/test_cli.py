@@ -75,3 +75,20 @@ def test_serve_loggers_record_the_live_steps(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())  # it said 0 MiB, 0 blocks
     assert summary["weight_bytes"] > 0 and summary["num_kv_blocks"] == 31
     assert summary["kv_block_size"] > 0 and summary["kv_bytes_per_token"] > 0
+
+
+def test_help_exits_0_and_a_missing_command_exits_2(capsys):
+    """`lab --help` printed one line to stderr and exited 1; `lab bench serve --help` said
+    `usage: serve.py`."""
+    import pytest
+
+    from lab.cli import main
+
+    for argv, code in ((["--help"], 0), ([], 2), (["nope"], 2), (["bench", "--help"], 0),
+                       (["bench", "nope"], 2), (["bench", "serve", "--help"], 0)):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == code, argv
+    out = capsys.readouterr().out
+    assert "lab serve [HYDRA OVERRIDES...]" in out and "names: " in out
+    assert "usage: lab bench serve" in out and "--vocab-size" in out
