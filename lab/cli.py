@@ -148,6 +148,7 @@ def serve(argv: list[str]) -> None:
         died.append(reason)
         server.should_exit = True
 
+    print(serve_banner(engine, name, args.host, args.port), file=sys.stderr, flush=True)
     app = build_app(async_llm, name, limits,
                     None if args.keep_alive_on_engine_death else on_engine_death)
     server = uvicorn.Server(uvicorn.Config(
@@ -161,6 +162,24 @@ def serve(argv: list[str]) -> None:
             close_loggers(loggers, async_llm.engine, time.monotonic() - start, warmup)
     if died:
         sys.exit(f"lab serve: exiting because the engine died: {died[0]}")
+
+
+def serve_banner(engine, name: str, host: str, port: int) -> str:
+    """What `lab serve` serves, printed once the engine is ready: model, dtype, attention
+    backend, KV cache, max_model_len, the core's threads and the URL."""
+    import torch
+
+    from lab.engine.builder import core_cpu_threads
+
+    cfg = engine.cfg
+    threads = core_cpu_threads(cfg.get("cpu_threads"), cfg.engine_client) or (
+        torch.get_num_threads())
+    attention = cfg.attention._target_.rsplit(".", 1)[-1]
+    tokens = (engine.num_blocks - 1) * cfg.block_size
+    return (f"lab serve: {name} ({cfg.dtype}, {attention}, device {cfg.device}); KV cache "
+            f"{engine.num_blocks - 1} blocks x {cfg.block_size} tokens ({tokens} tokens), "
+            f"max_model_len {engine.max_model_len}; engine core: {threads} torch threads "
+            f"({cfg.engine_client}); http://{host}:{port}/v1")
 
 
 def server_limits(args: argparse.Namespace):

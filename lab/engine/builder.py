@@ -50,6 +50,12 @@ def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
                           info.bytes_per_block // knobs.block_size)
 
 
+def core_cpu_threads(knob: int | None, engine_client: str) -> int | None:
+    """The engine core's torch threads (set_cpu_threads' rule); None: torch's default."""
+    return knob if knob is not None else (
+        cpu_threads_for_server_core() if engine_client == "async_mp" else None)
+
+
 def set_cpu_threads(knob: int | None, engine_client: str) -> None:
     """torch's CPU threads for the engine core: the `cpu_threads` knob; unset, the core of an
     async_mp frontend (a server: HTTP, detokenizing while the core steps) leaves it one core,
@@ -57,8 +63,7 @@ def set_cpu_threads(knob: int | None, engine_client: str) -> None:
     shares its core with the frontend stalls every parallel region of the step — and inproc
     and mp (whose frontend waits for each step's results) keep torch's default: with one core
     less, an mp core ran a compute-bound batch at half speed on 2 cores (lab.bench.ipc)."""
-    n = knob if knob is not None else (
-        cpu_threads_for_server_core() if engine_client == "async_mp" else None)
+    n = core_cpu_threads(knob, engine_client)
     if n is not None:
         import torch
 

@@ -50,7 +50,7 @@ def test_serve_loggers_record_the_live_steps(tmp_path):
     import asyncio
     import json
 
-    from lab.cli import close_loggers, serve_config_and_choices, start_loggers
+    from lab.cli import close_loggers, serve_banner, serve_config_and_choices, start_loggers
     from lab.core.sampling_params import SamplingParams
     from lab.engine.async_llm import AsyncLLM
 
@@ -72,6 +72,10 @@ def test_serve_loggers_record_the_live_steps(tmp_path):
     assert sum(s["num_generated_tokens"] for s in steps) == 10
     assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == 2
     assert "choices:" in (tmp_path / "config.yaml").read_text()
+    banner = serve_banner(a.engine, "tiny_llama", "127.0.0.1", 8000)  # printed at start
+    assert banner.startswith("lab serve: tiny_llama (") and "31 blocks x" in banner
+    assert "max_model_len" in banner and "torch threads" in banner
+    assert banner.endswith("http://127.0.0.1:8000/v1")
     summary = json.loads((tmp_path / "summary.json").read_text())  # it said 0 MiB, 0 blocks
     assert summary["weight_bytes"] > 0 and summary["num_kv_blocks"] == 31
     assert summary["kv_block_size"] > 0 and summary["kv_bytes_per_token"] > 0
