@@ -126,7 +126,8 @@ def serve(argv: list[str]) -> None:
 
     refusal = check_command_line(args.overrides)
     if refusal is not None:
-        sys.exit(f"lab serve: {refusal}")
+        print(f"lab serve: {refusal}", file=sys.stderr)
+        sys.exit(2)  # a usage error, as argparse's
     try:
         limits = server_limits(args)
     except ValueError as e:

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from lab.config.compose import hydra_choices, register, run_config_yaml
 from lab.config.validate import check_command_line, validate_config
@@ -40,20 +43,44 @@ def main() -> None:
     register()  # the knobs' defaults and the plug-ins' search path, for Hydra to compose
     refusal = check_command_line(sys.argv[1:])
     if refusal is not None:
-        sys.exit(f"run.py: {refusal}")
+        refuse(refusal)
     run_job()
+
+
+#: what a bad setting raises while the job starts (validation, the model's path, a knob, an
+#: option's constructor): reported as one line, exit code 2, not a traceback
+SETTING_ERRORS = (ValueError, FileNotFoundError, MissingMandatoryValue)
+
+
+def refuse(message: str) -> NoReturn:
+    """A bad command line: one line on stderr, exit code 2 (a usage error, as argparse's)."""
+    print(f"run.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def setting_error_line(e: BaseException) -> str:
+    """The one-line report of a setting error: its first line (omegaconf appends the key and
+    the object type on more lines), and how to see the traceback."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"{first} (HYDRA_FULL_ERROR=1 shows the traceback)"
 
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)
 def run_job(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    with failure_marked(run_dir, "start"):
-        validate_config(cfg)
-        (run_dir / "config.yaml").write_text(run_config_yaml(cfg, hydra_choices()))
-        loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values()]
-        engine = LLMEngine(cfg, loggers=loggers)
-        requests = instantiate(cfg.workload).requests(
-            engine.hf_config.vocab_size, engine.eos_token_id, interpreted=engine.triton_interpreted)
+    try:
+        with failure_marked(run_dir, "start"):
+            validate_config(cfg)
+            (run_dir / "config.yaml").write_text(run_config_yaml(cfg, hydra_choices()))
+            loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values()]
+            engine = LLMEngine(cfg, loggers=loggers)
+            requests = instantiate(cfg.workload).requests(
+                engine.hf_config.vocab_size, engine.eos_token_id,
+                interpreted=engine.triton_interpreted)
+    except SETTING_ERRORS as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        refuse(setting_error_line(e))
     with failure_marked(run_dir, "run"):
         for logger in loggers:
             logger.on_start(run_dir, OmegaConf.to_container(cfg, resolve=True), len(requests))

@@ -13,6 +13,8 @@ the components keep their own checks as a second line of defence.
 
 from __future__ import annotations
 
+import difflib
+
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
@@ -21,9 +23,10 @@ from lab.config.compose import (
     LIST_GROUPS,
     is_known_setting,
     nested_groups,
+    top_level_names,
     unknown_setting_message,
 )
-from lab.config.plugins import declared_knobs, option_files
+from lab.config.plugins import declared_knobs, group_options, option_files
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -127,12 +130,35 @@ def _has_package_header(path, group: str) -> bool:
 
 def check_command_line(args: list[str]) -> str | None:
     """The refusal of the first plain `name=value` override whose top-level name is neither a
-    config group nor a knob, or None. Run before Hydra parses the command line: Hydra's own
-    error for it suggests `+name=value`, which adds a key nothing reads."""
+    config group nor a knob, or that names an option its config group does not have, or None
+    (with a "did you mean" for a near miss). Run before Hydra parses the command line: Hydra's
+    own errors suggest `+name=value`, which adds a key nothing reads, or list its search path.
+    Options are checked against lab's and installed plug-ins' config directories, so not when
+    the command line adds a directory of its own (hydra.searchpath, --config-dir)."""
+    extra_dirs = any("searchpath" in a or a.startswith(("--config-dir", "-cd")) for a in args)
     for arg in args:
         if arg.startswith(("-", "+", "~")) or "=" not in arg:
             continue
-        top = arg.split("=", 1)[0].split("@", 1)[0].split(".", 1)[0]
+        key, value = arg.split("=", 1)
+        top = key.split("@", 1)[0].split(".", 1)[0]
         if not is_known_setting(top):
-            return unknown_setting_message(top)
+            return unknown_setting_message(top) + near_miss(top, [*GROUPS, *top_level_names()])
+        if (top == key and top in GROUPS and top not in LIST_GROUPS and is_option_name(value)
+                and not extra_dirs):
+            options = group_options(top)
+            if value not in options:
+                return (f"{top}={value} is not an option of {top}: {', '.join(options)}"
+                        + near_miss(value, options))
     return None
+
+
+def is_option_name(value: str) -> bool:
+    """Whether an override's value names one option (not a list, a mapping, null or an
+    interpolation)."""
+    return bool(value) and value != "null" and value[0] not in "[{$'\""
+
+
+def near_miss(word: str, choices: list[str]) -> str:
+    """' (did you mean X?)' for the closest choice, or ''."""
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
