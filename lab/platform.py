@@ -4,6 +4,8 @@ torch is imported inside the functions that need it, so the light parts stay lig
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -55,3 +57,19 @@ def rank_device(device: str, rank: int, world_size: int) -> torch.device:
     if dev.type != "cuda" or dev.index is not None:
         return dev
     return torch.device("cuda", rank % torch.cuda.device_count() if world_size > 1 else 0)
+
+
+def source_commit() -> str:
+    """The commit of the lab checkout this runs from (with `+dirty` when it has changes), else
+    lab's version."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, text=True,
+                              capture_output=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, text=True, capture_output=True, timeout=10).stdout
+        return head + ("+dirty" if dirty.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import version
+
+        return f"lab {version('lab')}"

@@ -6,6 +6,7 @@ and its summary count none of it, save `warmup_seconds` / `warmup_steps`."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from lab.engine.llm_engine import LLMEngine
 from lab.engine.warmup import warm_up
@@ -52,6 +53,39 @@ def record_engine(summary: RunSummary, engine: LLMEngine) -> None:
     summary.weight_bytes = engine.weight_bytes
     if engine.executor is not None:
         summary.timing = engine.executor.timing()
+    summary.setup = run_setup(engine)
+
+
+COMPONENTS = ("attention", "kernels", "quant", "scheduler", "preemption", "executor")
+
+
+def run_setup(engine: LLMEngine) -> dict[str, str]:
+    """What ran, as a summary's header names it: the model, dtype, device, each component
+    (its `name`, else its target's), the engine client, the core's torch threads and the
+    commit (the composed config, so a model an option switched to is the one named)."""
+    from hydra.utils import get_object
+
+    from lab.config.dtypes import resolve_dtype_name
+    from lab.engine.builder import core_cpu_threads
+    from lab.platform import resolve_device, source_commit
+
+    cfg = engine.cfg
+    model = cfg.model.get("name") or Path(str(cfg.model.get("path"))).name
+    device = resolve_device(cfg.device)
+    setup = {"model": str(model),
+             "dtype": resolve_dtype_name(cfg.dtype, engine.hf_config, device.type),
+             "device": str(device)}
+    for group in COMPONENTS:
+        target = cfg[group]._target_
+        setup[group] = str(getattr(get_object(target), "name", "") or target.rsplit(".", 1)[-1])
+    threads = core_cpu_threads(cfg.get("cpu_threads"), cfg.engine_client)
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    setup |= {"engine_client": str(cfg.engine_client), "threads": str(threads),
+              "commit": source_commit()}
+    return setup
 
 
 def _replay(engine: LLMEngine, requests: list[WorkloadRequest]) -> tuple[float, int]:

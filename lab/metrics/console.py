@@ -122,6 +122,7 @@ def summary_table(s: RunSummary) -> Table:
     table.add_column("value", justify="right")
     finished = ", ".join(f"{k}={v}" for k, v in sorted(s.num_finished.items())) or "-"
     rows = [
+        *([("ran", setup_text(s.setup))] if s.setup else []),
         ("requests", f"{s.num_requests} ({finished})"
          + (f", {s.num_rejected} rejected" if s.num_rejected else "")),
         ("wall time" if s.timing == "wall clock" else "simulated time", f"{s.wall_time:.2f} s"
@@ -158,6 +159,14 @@ def priority_rows(s: RunSummary) -> list[tuple[str, str]]:
         return []
     return [(f"  TTFT priority {p}", f"{_ms(d['p50'])} / {_ms(d['p99'])} ms, {d['count']} req")
             for p, d in s.ttft_by_priority.items()]
+
+
+def setup_text(setup: dict[str, str]) -> str:
+    """'tiny_llama float32 cpu, attention torch, kernels auto_ops, ..., commit abc' (RunSummary's
+    setup, its model, dtype and device first)."""
+    head = " ".join(setup.get(k, "") for k in ("model", "dtype", "device")).strip()
+    rest = [f"{k} {v}" for k, v in setup.items() if k not in ("model", "dtype", "device")]
+    return ", ".join([head, *rest])
 
 
 def kv_groups_text(groups: list[str]) -> str:

@@ -21,6 +21,9 @@ class RunSummary:
     """Aggregates of a run. Latencies in seconds; percentiles interpolate linearly (numpy)."""
 
     status: str = "finished"  # run.py writes {"status": "failed", "stage", "error"} for a failed run
+    # what ran: model, dtype, device, attention, kernels, quant, scheduler, preemption, executor,
+    # engine_client, threads, commit (lab/engine/replay.py run_setup)
+    setup: dict[str, str] = field(default_factory=dict)
     num_requests: int = 0  # finished requests (aborted ones included)
     num_rejected: int = 0  # requests the engine refused at admission (e.g. too long)
     num_kv_blocks: int = 0  # usable KV blocks of the run (the null block excluded)

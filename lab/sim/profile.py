@@ -34,7 +34,6 @@ import math
 import os
 import platform
 import random
-import subprocess
 import tempfile
 import time
 from collections import defaultdict
@@ -46,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from lab.core.step import StepShape
+from lab.platform import source_commit
 from lab.sim.step_time.profiled import (
     CPU_FEATURES,
     PROFILE_KIND,
@@ -501,22 +501,6 @@ def machine() -> dict[str, Any]:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {"cpu": cpu, "cpus": os.cpu_count(), "gpu": gpu, "platform": platform.platform(),
             "torch": torch.__version__, "threads": torch.get_num_threads()}
-
-
-def source_commit() -> str:
-    """The commit of the lab checkout this runs from (with `+dirty` when it has changes), else
-    lab's version."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, text=True,
-                              capture_output=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=root, text=True, capture_output=True, timeout=10).stdout
-        return head + ("+dirty" if dirty.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        from importlib.metadata import version
-
-        return f"lab {version('lab')}"
 
 
 def ratio_quantiles(samples: list[Sample], ops: Operators) -> tuple[list[float], dict]:

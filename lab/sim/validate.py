@@ -90,7 +90,8 @@ class Row:
 def profile_path(overrides: list[str], cache_dir: Path) -> tuple[Path, dict[str, Any]]:
     """Where this machine's profile of this configuration at this commit is stored."""
     from lab.config.compose import compose_with_choices
-    from lab.sim.profile import fingerprint, machine, source_commit
+    from lab.platform import source_commit
+    from lab.sim.profile import fingerprint, machine
 
     cfg, choices = compose_with_choices(overrides)
     m = machine()

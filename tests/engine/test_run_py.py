@@ -22,6 +22,11 @@ def test_run_py_writes_statistics(tmp_path):
     assert "output tok/s" in out and "prefix-cache hit rate" in out
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["num_requests"] == 12 and summary["num_rejected"] == 0
+    setup = summary["setup"]  # what ran, in the summary's header and the console's first row
+    assert setup["model"] == "tiny_llama" and setup["scheduler"] == "fcfs"
+    assert setup["preemption"] == "recompute" and setup["quant"] == "none"
+    assert {"dtype", "device", "attention", "kernels", "executor", "threads", "commit"} <= set(setup)
+    assert "tiny_llama" in out and "scheduler fcfs" in out
     requests = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert len(requests) == 12 and len(steps) == summary["num_steps"]
