@@ -29,8 +29,9 @@ as in vLLM). --max-concurrency caps the requests in flight (a semaphore).
 
 Datasets: `random` = prompts of uniform random token ids (seeded) with lengths uniform in
 [input_len * (1 - range_ratio), input_len * (1 + range_ratio)] (output lengths likewise); the
-id range is the vocab size from --tokenizer DIR (config.json's vocab_size, else the tokenizer's
-length) or --vocab-size. `sharegpt-like-json` = a JSON list of {"prompt": str, "output_len": int}
+id range is --vocab-size, else the vocab size of --tokenizer DIR (config.json's vocab_size, else
+the tokenizer's length), else that of the checkpoint the server's /v1/models names as its root
+(lab serve and vllm serve: the checkpoint directory, when it is on this machine), else 1000. `sharegpt-like-json` = a JSON list of {"prompt": str, "output_len": int}
 (prompt lengths counted with --tokenizer if given, else taken from the server's usage).
 
 Goodput (--goodput ttft:MS tpot:MS e2el:MS, any subset): requests per second of the successful
@@ -80,6 +81,35 @@ class RequestRecord:
     itl: list[float] = field(default_factory=list)  # seconds
     start: float = 0.0  # seconds since the benchmark began
     error: str = ""
+
+
+DEFAULT_VOCAB = 1000  # random ids below this when neither the server nor the options say
+
+
+def server_root(base_url: str, timeout: float = 10.0) -> str | None:
+    """The served model's `root` from the server's /v1/models (lab and vLLM: the checkpoint
+    directory), or None when the server does not say."""
+    try:
+        data = httpx.get(f"{base_url.rstrip('/')}/v1/models", timeout=timeout).json()
+        return data["data"][0].get("root")
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def random_vocab_size(tokenizer_dir: str | None, vocab_size: int | None, base_url: str) -> int:
+    """The vocabulary random prompts draw from: --vocab-size, else --tokenizer's, else that of
+    the checkpoint the server names (/v1/models `root`, when it is a directory here), else
+    DEFAULT_VOCAB (ids a model with a smaller vocabulary refuses: every request fails)."""
+    if vocab_size is not None:
+        return vocab_size
+    if tokenizer_dir:
+        return vocab_size_of(tokenizer_dir, DEFAULT_VOCAB)
+    root = server_root(base_url)
+    if root and (Path(root) / "config.json").is_file():
+        return vocab_size_of(root, DEFAULT_VOCAB)
+    print(f"the server names no checkpoint here: random ids below {DEFAULT_VOCAB} "
+          "(--vocab-size or --tokenizer to say)", file=sys.stderr)
+    return DEFAULT_VOCAB
 
 
 def vocab_size_of(tokenizer_dir: str | None, default: int) -> int:
@@ -371,8 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--range-ratio", type=float, default=0.0)
     p.add_argument("--tokenizer", default=None, help="checkpoint/tokenizer dir (vocab size)")
-    p.add_argument("--vocab-size", type=int, default=1000,
-                   help="random token ids are drawn below this without --tokenizer")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="random token ids are drawn below this (default: --tokenizer's "
+                        "vocabulary, else that of the checkpoint the server's /v1/models "
+                        f"names as its root, else {DEFAULT_VOCAB})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
@@ -392,7 +424,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     percentiles = [float(x) for x in args.metric_percentiles.split(",") if x.strip()]
     if args.dataset == "random":
         specs = random_dataset(args.num_prompts, args.input_len, args.output_len,
-                               args.range_ratio, vocab_size_of(args.tokenizer, args.vocab_size),
+                               args.range_ratio,
+                               random_vocab_size(args.tokenizer, args.vocab_size, args.base_url),
                                args.seed)
     else:
         if not args.dataset_path:

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from lab.bench.serve import (
+    DEFAULT_VOCAB,
     RequestRecord,
     arrival_gaps,
     cli,
@@ -18,6 +19,7 @@ from lab.bench.serve import (
     main,
     parse_goodput,
     random_dataset,
+    random_vocab_size,
     summarize,
 )
 
@@ -97,7 +99,8 @@ class FakeServer:
     A prompt "FAIL" gets HTTP 500; "BREAK" gets an error event mid-stream; "EMPTY" gets chunks 0
     and 2 with empty text (a token that ends inside a UTF-8 character)."""
 
-    def __init__(self, delay: float = 0.005, first_delay: float = 0.02):
+    def __init__(self, delay: float = 0.005, first_delay: float = 0.02, root: str | None = None):
+        self.root = root  # what GET /v1/models names as the model's root (None: no /v1/models)
         self.active = 0
         self.max_active = 0
         self.requests = 0
@@ -107,6 +110,17 @@ class FakeServer:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *a):
                 pass
+
+            def do_GET(self):
+                if fake.root is None or self.path != "/v1/models":
+                    self.send_error(404)
+                    return
+                body = json.dumps({"data": [{"id": "fake", "root": fake.root}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -258,6 +272,18 @@ def test_unreachable_server_counts_failures():
     s = run(url, "--num-prompts", "2", "--input-len", "4", "--output-len", "2",
             "--timeout", "2")
     assert s["completed"] == 0 and s["failed"] == 2
+
+
+def test_random_ids_come_from_the_servers_checkpoint(tmp_path):
+    """Without --vocab-size or --tokenizer the ids are drawn below the vocabulary of the
+    checkpoint /v1/models names (the README's command drew below 1000 against tiny_llama's 512:
+    64 of 64 requests failed); a server that names none gets the default."""
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 37}))
+    with FakeServer(root=str(tmp_path)) as srv:
+        assert random_vocab_size(None, None, srv.url) == 37
+        assert random_vocab_size(None, 50, srv.url) == 50  # said on the command line
+    with FakeServer() as srv:
+        assert random_vocab_size(None, None, srv.url) == DEFAULT_VOCAB
 
 
 def test_the_command_exits_1_when_a_request_failed():
