@@ -166,21 +166,16 @@ def serve(argv: list[str]) -> None:
 
 
 def serve_banner(engine, name: str, host: str, port: int) -> str:
-    """What `lab serve` serves, printed once the engine is ready: model, dtype, attention
-    backend, KV cache, max_model_len, the core's threads and the URL."""
-    import torch
+    """What `lab serve` serves, printed once the engine is ready: the served name, what runs
+    (the run summary's setup: model, dtype, device, components, the core's threads, commit),
+    the KV cache, max_model_len and the URL."""
+    from lab.engine.replay import run_setup
+    from lab.metrics.console import setup_text
 
-    from lab.engine.builder import core_cpu_threads
-
-    cfg = engine.cfg
-    threads = core_cpu_threads(cfg.get("cpu_threads"), cfg.engine_client) or (
-        torch.get_num_threads())
-    attention = cfg.attention._target_.rsplit(".", 1)[-1]
-    tokens = (engine.num_blocks - 1) * cfg.block_size
-    return (f"lab serve: {name} ({cfg.dtype}, {attention}, device {cfg.device}); KV cache "
-            f"{engine.num_blocks - 1} blocks x {cfg.block_size} tokens ({tokens} tokens), "
-            f"max_model_len {engine.max_model_len}; engine core: {threads} torch threads "
-            f"({cfg.engine_client}); http://{host}:{port}/v1")
+    tokens = (engine.num_blocks - 1) * engine.cfg.block_size
+    return (f"lab serve: {name}: {setup_text(run_setup(engine))}; KV cache "
+            f"{engine.num_blocks - 1} blocks x {engine.cfg.block_size} tokens ({tokens} tokens), "
+            f"max_model_len {engine.max_model_len}; http://{host}:{port}/v1")
 
 
 def server_limits(args: argparse.Namespace):

@@ -74,8 +74,8 @@ def test_serve_loggers_record_the_live_steps(tmp_path):
     assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == 2
     assert "choices:" in (tmp_path / "config.yaml").read_text()
     banner = serve_banner(a.engine, "tiny_llama", "127.0.0.1", 8000)  # printed at start
-    assert banner.startswith("lab serve: tiny_llama (") and "31 blocks x" in banner
-    assert "max_model_len" in banner and "torch threads" in banner
+    assert banner.startswith("lab serve: tiny_llama: tiny_llama float32 cpu, attention torch")
+    assert "31 blocks x" in banner and "max_model_len" in banner and "threads " in banner
     assert banner.endswith("http://127.0.0.1:8000/v1")
     summary = json.loads((tmp_path / "summary.json").read_text())  # it said 0 MiB, 0 blocks
     assert summary["weight_bytes"] > 0 and summary["num_kv_blocks"] == 31
