@@ -40,6 +40,11 @@ log = logging.getLogger("lab")
 def main() -> None:
     """`python run.py` / `lab run`: refuse an unknown setting with the list of knobs (Hydra's own
     hint, `+name=value`, would add a key nothing reads), then run the Hydra job."""
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):  # lab's own help, not Hydra's dump
+        from lab.config.listing import command_help
+
+        print(command_help("lab run" if sys.argv[0] == "lab run" else "python run.py"))
+        sys.exit(0)
     register()  # the knobs' defaults and the plug-ins' search path, for Hydra to compose
     refusal = check_command_line(sys.argv[1:])
     if refusal is not None:

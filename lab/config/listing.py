@@ -42,6 +42,21 @@ def text_listing(knobs: Sequence[Knob]) -> str:
     return "\n".join(out)
 
 
+def command_help(command: str) -> str:
+    """`python run.py --help` / `lab run --help`: the usage, every config group with its options
+    (lab's and installed plug-ins'), then every knob (text_listing)."""
+    from lab.config.compose import GROUPS
+    from lab.config.plugins import group_options
+
+    groups = "\n".join(f"  {g:<18} {', '.join(group_options(g))}" for g in GROUPS)
+    return (f"usage: {command} [GROUP=OPTION ...] [KNOB=VALUE ...] [GROUP.FIELD=VALUE ...]\n\n"
+            "Compose an engine, run a workload through it, write its statistics (a run\n"
+            "directory under outputs/). Hydra overrides; -m runs a sweep (multirun).\n\n"
+            f"config groups (GROUP=OPTION):\n{groups}\n\n"
+            f"engine knobs (KNOB=VALUE; `lab knobs --markdown` as a table):\n\n"
+            f"{text_listing(declared_knobs())}\n")
+
+
 def readme_block() -> str:
     """The README's generated block: the markers around the markdown table of lab's own knobs
     (installed plug-ins' are not lab's to document)."""

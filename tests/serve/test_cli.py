@@ -1,9 +1,12 @@
 """`lab` CLI: serve composes the config like run.py/LLM (no loggers by default); bad commands
 exit with a usage line."""
 
+import sys
+
 import pytest
 
 from lab.cli import main, serve_config
+from lab.run import main as run_main
 
 
 def test_serve_config_defaults_to_no_logger():
@@ -85,10 +88,6 @@ def test_serve_loggers_record_the_live_steps(tmp_path):
 def test_help_exits_0_and_a_missing_command_exits_2(capsys):
     """`lab --help` printed one line to stderr and exited 1; `lab bench serve --help` said
     `usage: serve.py`."""
-    import pytest
-
-    from lab.cli import main
-
     for argv, code in ((["--help"], 0), ([], 2), (["nope"], 2), (["bench", "--help"], 0),
                        (["bench", "nope"], 2), (["bench", "serve", "--help"], 0)):
         with pytest.raises(SystemExit) as exit_:
@@ -97,3 +96,19 @@ def test_help_exits_0_and_a_missing_command_exits_2(capsys):
     out = capsys.readouterr().out
     assert "lab serve [HYDRA OVERRIDES...]" in out and "names: " in out
     assert "usage: lab bench serve" in out and "--vocab-size" in out
+
+
+def test_run_help_describes_the_groups_and_every_knob(capsys, monkeypatch):
+    """`python run.py --help` / `lab run --help` printed Hydra's generic dump, no knob
+    described."""
+    from lab.config.plugins import declared_knobs
+
+    for argv in (["lab run", "--help"], ["run.py", "-h"]):
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit) as exit_:
+            run_main()
+        assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.count("config groups (GROUP=OPTION):") == 2 and "usage: lab run" in out
+    assert "  scheduler          fair, fcfs" in out
+    assert all(f"{k.name} = " in out for k in declared_knobs())
