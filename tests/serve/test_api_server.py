@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from lab.core.sampling_params import SamplingParams
-from tests.serve.conftest import MAX_N
+from tests.serve.conftest import CLIENT_TIMEOUT_S, MAX_N
 from tests.serve.uvicorn_thread import wait_idle
 
 PROMPT = "The quick brown fox"
@@ -243,7 +243,8 @@ def test_the_loop_serves_while_a_prompt_is_tokenized(server, client, monkeypatch
     monkeypatch.setattr(tok, "encode", held)
     replies = []
     post = threading.Thread(target=lambda: replies.append(httpx.post(
-        url + "/v1/completions", json={"prompt": mark, "max_tokens": 1}, timeout=30)))
+        url + "/v1/completions", json={"prompt": mark, "max_tokens": 1},
+        timeout=CLIENT_TIMEOUT_S)))
     post.start()
     assert started.wait(10)
     assert client.get("/health").status_code == 200

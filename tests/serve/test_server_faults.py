@@ -16,6 +16,7 @@ from lab.core.sampling_params import SamplingParams
 from lab.engine.async_llm import AsyncLLM
 from lab.engine.llm import LLM
 from lab.serve.api_server import build_app
+from tests.serve.conftest import CLIENT_TIMEOUT_S
 from tests.serve.uvicorn_thread import serving, wait_idle
 
 KW = dict(attention="torch", block_size=4, max_model_len=128)
@@ -99,7 +100,7 @@ def test_n_and_stop_through_the_server(served, reference_llm):
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=["e"])
     ref = reference_llm.generate(PROMPTS[0], sp)[0].outputs[0]
     body = {"prompt": PROMPTS[0], "max_tokens": 24, "ignore_eos": True, "stop": ["e"]}
-    with httpx.Client(base_url=url, timeout=30) as c:
+    with httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT_S) as c:
         r = c.post("/v1/completions", json=body | {"n": 3, "temperature": 0.8,
                                                    "seed": 5}).json()
         assert sorted(ch["index"] for ch in r["choices"]) == [0, 1, 2]
