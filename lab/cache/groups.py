@@ -79,6 +79,11 @@ class KVCacheGroup:
     layers: tuple[int, ...]
 
 
+#: the groups of a model whose layers all attend alike: one full-attention group (what an empty
+#: `groups` stands for, e.g. ModelInfo.kv_groups=() or a KVCacheManager built without groups)
+ONE_FULL_GROUP = (KVCacheGroup(FULL, (0,)),)
+
+
 def cache_spec_of(layer: AttentionSpec, hybrid: bool = True) -> KVCacheGroupSpec:
     """A layer's group spec: a sliding window when the layer has one and `hybrid`, else full."""
     if hybrid and layer.sliding_window is not None:
@@ -137,7 +142,7 @@ def request_capacity(groups: Sequence[KVCacheGroup], num_blocks: int, block_size
     """The longest request (in tokens, at most `limit`; a multiple of block_size below it)
     whose blocks fit in `num_blocks` usable blocks: max_blocks_per_request <= num_blocks (one
     full-attention group when `groups` is empty)."""
-    groups = groups or (KVCacheGroup(FULL, (0,)),)
+    groups = groups or ONE_FULL_GROUP
 
     def fits(n: int) -> bool:
         return max_blocks_per_request(groups, n, block_size, max_step_tokens) <= num_blocks

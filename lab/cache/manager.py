@@ -48,7 +48,7 @@ from lab.cache.block_pool import BlockPool
 from lab.cache.coordinator import GroupBlocks, make_coordinator
 from lab.cache.dtypes import KV_CACHE_DTYPES
 from lab.cache.eviction import EvictionPolicy
-from lab.cache.groups import FULL, KVCacheGroup
+from lab.cache.groups import ONE_FULL_GROUP, KVCacheGroup
 from lab.cache.single_type import cdiv
 from lab.cache.swap import NOT_NEEDED, SwapSpace, SwapStep
 
@@ -123,7 +123,7 @@ class KVCacheManager:
         # per swapped request: (first block, count) of each group's swapped blocks
         self._swap_layout: dict[str, tuple[tuple[int, int], ...]] = {}
         self.block_pool = BlockPool(num_blocks, enable_caching, eviction)  # None: LRU
-        self.groups = tuple(groups) if groups else (KVCacheGroup(FULL, (0,)),)
+        self.groups = tuple(groups) if groups else ONE_FULL_GROUP
         self.coordinator = make_coordinator(self.groups, self.block_pool, block_size,
                                             enable_caching)
         self.prefix_cache_stats = PrefixCacheStats()  # since the last take
