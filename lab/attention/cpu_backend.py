@@ -160,6 +160,13 @@ def fresh_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: Att
     return with_padding_rows(out, q.shape[0])
 
 
+@functools.lru_cache(maxsize=16)
+def band_mask(length: int, window: int, device: torch.device) -> torch.Tensor:
+    """[L, L] True where query i sees key j: j <= i and i - j < window. Made once per (length,
+    window) and shared by every sliding layer of a step (and by later steps of that length)."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril().triu(1 - window)
+
+
 def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
             window: int | None = None) -> torch.Tensor:
     """q [B, L, H, D] over k / v [B, L, Hkv, D], causal (query i sees keys j <= i, and
@@ -167,8 +174,7 @@ def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     length = q.shape[1]
     mask = None
     if window is not None and window < length:  # the causal band of the window
-        mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril().triu(
-            1 - window)
+        mask = band_mask(length, window, q.device)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
         is_causal=mask is None, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
