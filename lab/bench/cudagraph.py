@@ -60,7 +60,7 @@ def decode_steps(worker: Worker, args, batch: int, tag: str) -> tuple[list[float
     out = worker.execute_model(SchedulerOutput(
         scheduled_new_reqs=news, num_scheduled_tokens={r: args.prompt_len for r in ids},
         total_num_scheduled_tokens=batch * args.prompt_len))
-    tokens, times = [[out.sampled_token_ids[r]] for r in ids], []
+    tokens, times = [list(out.sampled_token_ids[r]) for r in ids], []
     for k in range(args.steps):
         sched = SchedulerOutput(
             scheduled_cached_reqs=[CachedRequestData(r, ([],), args.prompt_len + k) for r in ids],
@@ -69,7 +69,7 @@ def decode_steps(worker: Worker, args, batch: int, tag: str) -> tuple[list[float
         out = worker.execute_model(sched)
         times.append((time.perf_counter() - t0) * 1e3)
         for t, r in zip(tokens, ids):
-            t.append(out.sampled_token_ids[r])
+            t.extend(out.sampled_token_ids[r])
     worker.execute_model(SchedulerOutput(finished_req_ids=set(ids)))
     return times[args.warmup:], tokens
 

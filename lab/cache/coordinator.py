@@ -76,6 +76,9 @@ class KVCacheCoordinator:
         for manager in self.managers:
             manager.cache_blocks(request, num_tokens)
 
+    def trim(self, request_id: str, num_tokens: int) -> int:
+        return sum(m.trim(request_id, num_tokens) for m in self.managers)
+
     def free(self, request_id: str) -> None:
         for manager in self.managers:
             manager.free(request_id)

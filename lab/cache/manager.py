@@ -94,11 +94,13 @@ class KVCacheManager:
         self, num_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True,
         swap_space_gb: float = 0.0, bytes_per_block: int = 0, dtype: str = "auto",
         eviction: EvictionPolicy | None = None, groups: Sequence[KVCacheGroup] | None = None,
-        hybrid: bool = True,
+        hybrid: bool = True, num_lookahead_tokens: int = 0,
     ) -> None:
         """`groups`: the model's KV cache groups (lab/cache/groups.py; the engine passes the
         worker's); None: one full-attention group. `hybrid` (cache.hybrid) is recorded only:
-        the worker groups the layers with it."""
+        the worker groups the layers with it. `num_lookahead_tokens`: slots reserved beyond
+        every allocation's tokens, for a speculative proposer that writes its own KV there
+        within the step (a draft model; lab/speculative); `trim` gives them back after it."""
         if dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"cache.dtype={dtype!r} is invalid: use one of "
                              f"{', '.join(KV_CACHE_DTYPES)} (auto = the model dtype, fp8 = "
@@ -116,6 +118,10 @@ class KVCacheManager:
                              ">= 0 (GiB of CPU memory for swapped-out KV blocks; 0 = no swap)")
         self.block_size = block_size
         self.max_model_len = max_model_len
+        if not isinstance(num_lookahead_tokens, int) or num_lookahead_tokens < 0:
+            raise ValueError(f"num_lookahead_tokens={num_lookahead_tokens!r} must be an "
+                             "integer >= 0")
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.enable_caching = enable_caching
         self.bytes_per_block = bytes_per_block  # KV bytes of one block over all its pages
         num_swap = int(swap_space_gb * 2**30) // bytes_per_block if bytes_per_block > 0 else 0
@@ -240,7 +246,8 @@ class KVCacheManager:
             raise ValueError(f"request {rid} already has blocks; prefix hits are for requests "
                              "that hold none (new, preempted or swapped out)")
         num_computed = request.num_computed_tokens + num_new_computed_tokens
-        num_needed = min(num_computed + num_new_tokens, self.max_model_len)
+        num_needed = min(num_computed + num_new_tokens + self.num_lookahead_tokens,
+                         self.max_model_len)
         if holds:
             coord.remove_skipped_blocks(rid, request.num_computed_tokens)
             if coord.num_positions(rid) * self.block_size >= num_needed:
@@ -269,6 +276,13 @@ class KVCacheManager:
             num_computed = request.num_computed_tokens
         if self.enable_caching:
             self.coordinator.cache_blocks(request, min(num_computed, request.num_tokens))
+
+    def trim(self, request: Request, num_tokens: int) -> int:
+        """Free the request's trailing blocks that hold no position below `num_tokens`, in every
+        group: the slots of rejected drafts and of lookahead (speculative decoding) once the
+        step that used them is over. They were never committed to the prefix cache (only
+        computed tokens are, `cache_computed`). Returns how many blocks were freed."""
+        return self.coordinator.trim(request.request_id, num_tokens)
 
     def free(self, request: Request) -> None:
         """Release the request's blocks in every group, tail first (so its tail is evicted
@@ -330,7 +344,7 @@ class KVCacheManager:
         # a lookup of the computed tokens, hit as far as the first group's run reaches
         self._count_lookup(request.num_computed_tokens, len(plans[0][1]) * bs)
         hits = tuple([self.block_pool.null_block] * start + run for start, run in plans)
-        total = request.num_computed_tokens + num_new_tokens
+        total = request.num_computed_tokens + num_new_tokens + self.num_lookahead_tokens
         num_needed = min(total, self.max_model_len)
         if self.coordinator.num_blocks_to_allocate(rid, num_needed, hits) > self.num_free_blocks:
             return None

@@ -113,6 +113,19 @@ class SingleTypeManager:
         self.pool.cache_full_blocks(request, blocks, num_cached, num_full, self.group)
         self.num_cached_block[rid] = num_full
 
+    def trim(self, request_id: str, num_tokens: int) -> int:
+        """Free the blocks past the first cdiv(num_tokens, block_size), tail first (they were
+        never cached: see KVCacheManager.trim); how many."""
+        blocks = self.req_to_blocks.get(request_id)
+        keep = cdiv(num_tokens, self.block_size)
+        if blocks is None or len(blocks) <= keep:
+            return 0
+        tail = blocks[keep:]
+        del blocks[keep:]
+        assert all(b.block_hash is None for b in tail if not b.is_null), "trimmed a cached block"
+        self.pool.free_blocks(reversed(tail), self.group)
+        return len(tail)
+
     def free(self, request_id: str) -> None:
         """Release the request's blocks, tail first (its tail is evicted before its head)."""
         blocks = self.req_to_blocks.pop(request_id, [])

@@ -35,6 +35,7 @@ GROUP_BASES = {
     "executor": "lab.executor.base.Executor",
     "logger": "lab.metrics.base.StatLogger",
     "logits_processors": "lab.logits_processors.base.LogitsProcessor",
+    "speculative": "lab.speculative.base.Proposer",
     "sim/step_time": "lab.sim.step_time.base.StepTimeModel",
 }
 GROUPS = tuple(GROUP_BASES)

@@ -30,6 +30,8 @@ class WorkerConfig:
     kv_hybrid: bool = True
     # lab/conf/logits_processors: factories (Hydra partials) called with a LogitsProcessorContext
     logits_processors: tuple[Any, ...] = ()
+    # lab/conf/speculative: the proposer's option (plain data; {} or no _target_: off)
+    speculative: Any = None
     knobs: EngineKnobs = field(default_factory=EngineKnobs)
 
     @property

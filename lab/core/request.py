@@ -2,9 +2,13 @@
 
 Range diagram of a request's tokens (the invariant the scheduler keeps):
 
-    | prompt ............................ | outputs ........ |
-    | computed (KV in cache) | owed to this step / later      |
-    0                 num_computed_tokens              num_tokens
+    | prompt ............................ | outputs ........ | drafts |
+    | computed (KV in cache) | owed to this step / later               |
+    0                 num_computed_tokens              num_tokens        num_tokens_with_spec
+
+Drafts (`spec_token_ids`) are a proposer's guesses at the next tokens (lab/speculative): owed
+like any token, verified by the step that computes them, never part of `all_token_ids` until
+the rejection sampler accepts them.
 """
 
 from __future__ import annotations
@@ -81,6 +85,9 @@ class Request:
         self.arrival_time = arrival_time
         self.times = RequestTimes(arrival=arrival_time)
         self.output_token_ids: list[int] = []
+        self.spec_token_ids: list[int] = []  # drafts the next step verifies (lab/speculative)
+        self.num_draft_tokens = 0  # drafts verified over the request's life
+        self.num_accepted_tokens = 0  # of which accepted
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit tokens at first admission
@@ -103,6 +110,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.all_token_ids) + len(self.spec_token_ids)
 
     @property
     def is_finished(self) -> bool:

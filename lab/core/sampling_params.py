@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 _SAMPLING_EPS = 1e-5  # a temperature below this is greedy
@@ -309,3 +309,13 @@ def _is_int(x: object) -> bool:
 
 def _is_number(x: object) -> bool:
     return (isinstance(x, int | float) and not isinstance(x, bool)) and math.isfinite(x)
+
+
+def asks(params: SamplingParams, name: str) -> bool:
+    """Whether `params` asks for something with field `name`: a value other than the field's
+    default (None and an empty list or dict ask nothing)."""
+    value = getattr(params, name, None)
+    if value is None or (isinstance(value, tuple | list | dict | str) and not value):
+        return False
+    field = type(params).__dataclass_fields__.get(name)
+    return field is None or field.default is MISSING or value != field.default

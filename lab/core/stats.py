@@ -53,7 +53,13 @@ class StepStats:
     num_swap_fallbacks: int = 0  # swap victims recomputed because the swap space was full
     swap_in_cached_blocks: int = 0  # swapped blocks a resume found still on the device (no copy)
     num_finished: int = 0
-    num_generated_tokens: int = 0  # tokens sampled this step
+    num_generated_tokens: int = 0  # tokens emitted this step (accepted drafts included)
+    # speculative decoding (lab/speculative; vLLM's spec_decode metrics): requests that
+    # verified drafts, drafts verified, drafts accepted, and accepted at each draft position
+    num_spec_reqs: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
     # the step's shape (lab.core.step.StepShape): what step-time models fit and predict
     num_prefill_reqs: int = 0  # prefill chunks (prompt or recomputed tokens)
     num_decode_reqs: int = 0  # requests computing their one last token
@@ -83,13 +89,15 @@ class RequestStats:
     finish_time: float | None = None
     ttft: float | None = None
     tpot: float | None = None  # (last_token - first_token) / (n_output - 1); None if n < 2
-    itl: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)  # between steps that emitted tokens
     e2e_latency: float | None = None
     queue_time: float | None = None  # first scheduled - arrival
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    num_draft_tokens: int = 0  # speculative decoding: drafts verified, and accepted
+    num_accepted_tokens: int = 0
     time_preempted: float = 0.0  # preempted (recompute or swapped) until resumed, summed
     time_swapped: float = 0.0  # of which with the KV blocks parked in the swap space
     priority: int = 0
@@ -129,6 +137,8 @@ class RequestStats:
             num_output_tokens=n_out,
             num_cached_tokens=max(req.num_cached_tokens, 0),
             num_preemptions=req.num_preemptions,
+            num_draft_tokens=req.num_draft_tokens,
+            num_accepted_tokens=req.num_accepted_tokens,
             time_preempted=t.time_preempted,
             time_swapped=t.time_swapped,
             priority=req.priority,

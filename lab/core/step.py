@@ -113,6 +113,9 @@ class SchedulerOutput:
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     shape: StepShape = field(default_factory=StepShape)  # for step-time models and statistics
     step_id: int = 0  # the scheduler's count of schedule() calls: which step this is
+    # the drafts each request's scheduled tokens end with (speculative decoding,
+    # lab/speculative): the step verifies them; absent: none
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -127,10 +130,12 @@ class SchedulerOutput:
 
 @dataclass
 class ModelRunnerOutput:
-    """What the worker returns: one sampled token per request whose prompt is complete, the
-    logprobs of those tokens (requests that asked), and the prompt logprobs of the prompt
-    positions computed this step (requests that asked)."""
+    """What the worker returns: the tokens each request whose prompt is complete emits this step
+    (one, or with speculative decoding its accepted drafts and one more: lab/speculative), the
+    logprobs of those tokens (requests that asked), the prompt logprobs of the prompt positions
+    computed this step (requests that asked), and the proposer's drafts for the next step."""
 
-    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)

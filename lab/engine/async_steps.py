@@ -101,7 +101,7 @@ class AsyncSteps:
         self._in_flight.popleft()
         t1 = self.clock()
         outputs, updated = self._update(step, result)
-        stats = self._make_stats(step.sched, step.events, updated, step.schedule_time,
+        stats = self._make_stats(step.sched, step.events, updated, result, step.schedule_time,
                                  t1 - t0, self.clock() - t1)
         self.step_count += 1
         return EngineCoreOutputs(outputs, stats)

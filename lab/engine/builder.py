@@ -20,6 +20,7 @@ from lab.engine.core import EngineCore, freeze_gc_heap
 from lab.platform import usable_cpu_cores
 from lab.scheduler.async_scheduler import AsyncScheduler
 from lab.scheduler.scheduler import Scheduler, SchedulerConfig
+from lab.speculative.base import SpecConfig
 
 
 def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
@@ -34,10 +35,12 @@ def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
     max_model_len = resolve_max_model_len(
         knobs.max_model_len, info.hf_config, num_blocks, knobs.block_size, info.kv_groups,
         knobs.max_num_batched_tokens)
+    spec = SpecConfig.of(wc.speculative)
     kv = instantiate(cfg.cache)(num_blocks=num_blocks, max_model_len=max_model_len,
-                                bytes_per_block=info.bytes_per_block, groups=info.kv_groups)
+                                bytes_per_block=info.bytes_per_block, groups=info.kv_groups,
+                                num_lookahead_tokens=spec.num_lookahead_tokens)
     config = SchedulerConfig(knobs.max_num_seqs, knobs.max_num_batched_tokens, max_model_len,
-                             knobs.long_prefill_token_threshold)
+                             knobs.long_prefill_token_threshold, spec.num_speculative_tokens)
     scheduler_cls = AsyncScheduler if knobs.async_scheduling else Scheduler
     scheduler = scheduler_cls(config, kv, instantiate(cfg.scheduler),
                               instantiate(cfg.preemption), clock=clock.now)
@@ -82,6 +85,7 @@ def worker_config(cfg: DictConfig) -> WorkerConfig:
         kernels=option_spec(cfg.kernels), quant=option_spec(cfg.quant),
         kv_cache_dtype=cfg.cache.get("dtype", "auto"), kv_hybrid=cfg.cache.get("hybrid", True),
         logits_processors=tuple(option_spec(c) for c in (cfg.get("logits_processors") or {}).values()),
+        speculative=option_spec(cfg.speculative) if cfg.get("speculative") else None,
         knobs=EngineKnobs.of(cfg))
 
 

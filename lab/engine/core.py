@@ -133,7 +133,7 @@ class EngineCore(AsyncSteps):
         if self.has_unfinished_requests() or not self.scheduler.kv.reset_prefix_cache():
             return False
         self.scheduler.kv.reset_counters()
-        self.scheduler.events = StepEvents()
+        self.scheduler.events = self.scheduler.new_events()
         self.step_count = 0
         freeze_gc_heap()
         self.origin = self.clock()
@@ -165,7 +165,7 @@ class EngineCore(AsyncSteps):
         t2 = self.clock()
         updated = self._guarded(lambda: self.scheduler.update_from_output(sched, result),
                                 self.scheduler.fail_all)
-        stats = self._make_stats(sched, self.scheduler.events, updated, t1 - t0, t2 - t1,
+        stats = self._make_stats(sched, self.scheduler.events, updated, result, t1 - t0, t2 - t1,
                                  self.clock() - t2)
         self.step_count += 1
         self._check_progress(sched)
@@ -180,12 +180,12 @@ class EngineCore(AsyncSteps):
         prefills of requests still live (`scheduled`: the step's requests, by id)."""
         outs = []
         for req in updated:
-            token = [req.output_token_ids[-1]]
+            tokens = result.sampled_token_ids[req.request_id]
             if req.is_finished:
-                outs.append(self._final(req, token, result))
+                outs.append(self._final(req, tokens, result))
             else:
                 outs.append(EngineCoreOutput(
-                    req.request_id, token, result.logprobs.get(req.request_id),
+                    req.request_id, tokens, result.logprobs.get(req.request_id),
                     result.prompt_logprobs.get(req.request_id),
                     num_cached_tokens=max(req.num_cached_tokens, 0)))
         got_token = {r.request_id for r in updated}
@@ -235,7 +235,8 @@ class EngineCore(AsyncSteps):
         return [self._final(r, []) for r in failed]
 
     def _make_stats(
-        self, sched, events: StepEvents, updated: list[Request], t_sched: float, t_exec: float,
+        self, sched, events: StepEvents, updated: list[Request], result: ModelRunnerOutput,
+        t_sched: float, t_exec: float,
         t_update: float,
     ) -> StepStats:
         st = self.scheduler.stats()
@@ -270,7 +271,12 @@ class EngineCore(AsyncSteps):
             num_swap_fallbacks=ev.num_swap_fallbacks,
             swap_in_cached_blocks=ev.swap_in_cached_blocks,
             num_finished=sum(r.is_finished for r in updated),
-            num_generated_tokens=len(updated),
+            num_generated_tokens=sum(len(result.sampled_token_ids[r.request_id])
+                                     for r in updated),
+            num_spec_reqs=ev.num_spec_reqs,
+            num_draft_tokens=ev.num_draft_tokens,
+            num_accepted_tokens=ev.num_accepted_tokens,
+            accepted_per_position=list(ev.accepted_per_position),
             num_prefill_reqs=sched.shape.num_prefill_reqs,
             num_decode_reqs=sched.shape.num_decode_reqs,
             prefill_attention_pairs=sched.shape.prefill_attention_pairs,

@@ -168,7 +168,7 @@ class SimExecutor(Executor):
             state = self.states[rid]
             state.num_computed += n
             if state.num_computed >= state.num_tokens:
-                sampled[rid] = self._token(rid, state)
+                sampled[rid] = [self._token(rid, state)]
                 state.num_tokens += 1
                 finishing += state.num_tokens >= min(state.end, self.max_model_len or state.end)
         idle = self.clock.now() != self._last_step_end  # it slept until an arrival

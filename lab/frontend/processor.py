@@ -15,7 +15,7 @@ list it, instead of being ignored.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import MISSING, dataclass, replace
+from dataclasses import dataclass, replace
 
 from hydra.utils import get_class
 from omegaconf import OmegaConf
@@ -23,7 +23,12 @@ from omegaconf import OmegaConf
 from lab.config.plugins import option_files
 from lab.core.model_info import ModelInfo
 from lab.core.protocol import EngineCoreRequest
-from lab.core.sampling_params import MAX_NUM_BAD_WORDS, SamplingParams, as_sampling_params
+from lab.core.sampling_params import (
+    MAX_NUM_BAD_WORDS,
+    SamplingParams,
+    as_sampling_params,
+    asks,
+)
 from lab.frontend.tokenizer import Tokenizer
 
 
@@ -133,7 +138,7 @@ class Processor:
     def _check_served(self, params: SamplingParams) -> None:
         """Refuse a parameter whose logits processor this engine does not run."""
         for name, (option, cls) in self.unserved.items():
-            if not sets(params, name):
+            if not asks(params, name):
                 continue
             running = ", ".join(c.__name__ for c in self.processor_classes) or "none"
             raise ValueError(
@@ -206,16 +211,6 @@ def group_implementers() -> dict[str, tuple[str, type]]:
         for name in getattr(cls, "implements", ()):
             owners.setdefault(name, (path.stem, cls))
     return owners
-
-
-def sets(params: SamplingParams, name: str) -> bool:
-    """Whether `params` asks for something with field `name`: a value other than the field's
-    default (None and an empty list or dict ask nothing)."""
-    value = getattr(params, name, None)
-    if value is None or (isinstance(value, tuple | list | dict | str) and not value):
-        return False
-    field = type(params).__dataclass_fields__.get(name)
-    return field is None or field.default is MISSING or value != field.default
 
 
 def _class_of(processor: object) -> type:

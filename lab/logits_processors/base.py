@@ -41,7 +41,7 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from lab.core.sampling_params import SamplingParams
+from lab.core.sampling_params import SamplingParams, asks
 
 
 class MoveDirectionality(enum.Enum):
@@ -102,6 +102,16 @@ class LogitsProcessor(ABC):
         """Raise ValueError naming the field if `params` asks this processor for something it
         cannot do. Called where a request enters the engine."""
         return None
+
+    @classmethod
+    def speculates(cls, params: SamplingParams) -> bool:
+        """Whether a request with `params` may get speculative drafts (lab/speculative). A
+        processor sees one row per request, the first position of its step, so a request it
+        acts on decodes one token a step instead (as vLLM's unsupported-for-spec-decode
+        requests). Default: the request sets none of the fields this processor `implements`.
+        A processor that acts on requests by other means (`extra_args`, every row) overrides
+        this."""
+        return not any(asks(params, name) for name in cls.implements)
 
     @abstractmethod
     def is_argmax_invariant(self) -> bool:

@@ -11,7 +11,7 @@ instead and reads the metadata from them, rebuilt only when the batch changed
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -60,6 +60,19 @@ class SamplingMetadata:
     @property
     def batch_size(self) -> int:
         return len(self.generators)
+
+    def expand(self, repeats: list[int]) -> SamplingMetadata:
+        """Row i repeated repeats[i] times (speculative decoding: one row per position a
+        request's step verifies); the batch flags stay the same."""
+        counts = torch.tensor(repeats, dtype=torch.int64, device=self.temperature.device)
+
+        def rep(t: torch.Tensor) -> torch.Tensor:
+            return t.repeat_interleave(counts, output_size=sum(repeats))
+
+        return replace(self, temperature=rep(self.temperature), top_k=rep(self.top_k),
+                       top_p=rep(self.top_p), min_p=rep(self.min_p),
+                       is_greedy=rep(self.is_greedy),
+                       generators=[g for g, n in zip(self.generators, repeats) for _ in range(n)])
 
     @property
     def seeded_rows(self) -> list[tuple[int, torch.Generator]]:

@@ -42,6 +42,11 @@ class RejectionNoise:
     exponential: torch.Tensor
 
 
+def empty_noise(like: torch.Tensor) -> RejectionNoise:
+    """The noise of an all-greedy call: none is read."""
+    return RejectionNoise(like.new_empty(0), like.new_empty(0, like.shape[-1]))
+
+
 def draw_noise(num_draft_tokens: list[int], vocab_size: int,
                generators: list[torch.Generator | None], device: torch.device | str = "cpu"
                ) -> RejectionNoise:

@@ -18,6 +18,7 @@ step fails its requests (finish reason error) instead of sampling token 0 from g
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ import torch
 from lab.kernels.cpu_argmax import argmax_rows_ref
 from lab.logits_processors.base import LogitsProcessor
 from lab.sampling.metadata import SamplingMetadata
+from lab.sampling.rejection import PLACEHOLDER, draw_noise, empty_noise
 
 _NEG_INF = float("-inf")
 
@@ -161,6 +163,23 @@ def gather_logprobs(logprobs: torch.Tensor, k: int, token_ids: torch.Tensor) -> 
                            torch.cat([own, top_values], dim=1), ranks)
 
 
+@dataclass
+class SpecSamplerOutput:
+    """`tokens` int64 [B, max k + 1]: each request's emitted tokens, then PLACEHOLDER (-1);
+    `logprobs`: one entry per emitted token, request by request in order."""
+
+    tokens: torch.Tensor
+    logprobs: LogprobsTensors | None = None
+
+
+def emitted_rows(tokens: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """The logits row of every emitted token: request i's j-th token comes from row
+    first[i] + j."""
+    valid = tokens != PLACEHOLDER
+    cols = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+    return (first.unsqueeze(1) + cols)[valid]
+
+
 class Sampler:
     """Samples one token id per row from float32 logits [B, V] under per-row SamplingMetadata,
     after the batch-level logits processors (their state is the model runner's business).
@@ -181,9 +200,7 @@ class Sampler:
 
     def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         raw = compute_logprobs(logits) if meta.max_num_logprobs is not None else None
-        logits = logits.float()
-        for processor in self.argmax_changing:
-            logits = self.apply(processor, logits)
+        logits = self.apply_all(self.argmax_changing, logits.float())
         sampled = self.sample(logits, meta)
         if raw is None:
             return SamplerOutput(sampled)
@@ -203,12 +220,13 @@ class Sampler:
             return sampled
         return torch.where(meta.is_greedy, self.argmax(logits), sampled)
 
-    def process_logits(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    def process_logits(self, logits: torch.Tensor, meta: SamplingMetadata,
+                       processor_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Temperature, argmax-invariant processors, then min-p, top-k, top-p (skipping stages
-        no row uses); masked = -inf."""
+        no row uses); masked = -inf. `processor_rows`: the rows the processors see (one per
+        request, when a request has several rows: `verify`); None: all."""
         logits = apply_temperature(logits.float(), meta.temperature)
-        for processor in self.argmax_invariant:
-            logits = self.apply(processor, logits)
+        logits = self.apply_all(self.argmax_invariant, logits, processor_rows)
         if not meta.no_min_p:
             logits = apply_min_p(logits, meta.min_p)
         if not meta.no_top_k:
@@ -217,6 +235,50 @@ class Sampler:
             logits = apply_top_p(logits, meta.top_p)
         return logits
 
-    def probs(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    def probs(self, logits: torch.Tensor, meta: SamplingMetadata,
+              processor_rows: torch.Tensor | None = None) -> torch.Tensor:
         """The distribution random rows sample from (greedy rows' values are unused)."""
-        return torch.softmax(self.process_logits(logits, meta), dim=-1)
+        return torch.softmax(self.process_logits(logits, meta, processor_rows), dim=-1)
+
+    def apply_all(self, processors: list[LogitsProcessor], logits: torch.Tensor,
+                  rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply `processors` in order to `logits`, or only to its `rows` (one per request)."""
+        if not processors:
+            return logits
+        sub = logits if rows is None else logits[rows]
+        for processor in processors:
+            sub = self.apply(processor, sub)
+        return sub if rows is None else logits.index_copy(0, rows, sub)
+
+    def verify(self, logits: torch.Tensor, meta: SamplingMetadata, num_draft_tokens: list[int],
+               draft_token_ids: torch.Tensor, rejection: Callable[..., torch.Tensor],
+               draft_probs: torch.Tensor | None = None) -> SpecSamplerOutput:
+        """Speculative decoding's sampling step: the emitted tokens of each request from its
+        k + 1 rows of `logits` (`num_draft_tokens[i]` = k; lab/sampling/rejection.py).
+
+        As in vLLM the logits processors see one row per request, the first of its rows
+        (requests they act on get no drafts: LogitsProcessor.speculates); temperature, min-p,
+        top-k and top-p apply to every row; the raw logprobs are those of every row."""
+        repeats = [k + 1 for k in num_draft_tokens]
+        first = torch.tensor(list(itertools.accumulate(repeats, initial=0))[:-1],
+                             dtype=torch.int64, device=logits.device)
+        raw = compute_logprobs(logits) if meta.max_num_logprobs is not None else None
+        logits = self.apply_all(self.argmax_changing, logits.float(), first)
+        rows = meta.expand(repeats)
+        if meta.all_greedy:
+            target = logits
+        else:
+            probs = self.probs(logits, rows, first)
+            target = probs if meta.all_random else torch.where(rows.is_greedy.unsqueeze(1),
+                                                               logits, probs)
+        noise = (empty_noise(logits) if meta.all_greedy else
+                 draw_noise(num_draft_tokens, logits.shape[-1], meta.generators, logits.device))
+        tokens = rejection(draft_token_ids, num_draft_tokens, target, draft_probs,
+                           meta.is_greedy, noise)
+        if raw is None:
+            return SpecSamplerOutput(tokens)
+        emitted = tokens[tokens != PLACEHOLDER]  # row by row: each request's rows in order
+        rows_of = emitted_rows(tokens, first)
+        k = raw.shape[-1] if meta.max_num_logprobs < 0 else meta.max_num_logprobs
+        return SpecSamplerOutput(tokens, gather_logprobs(raw[rows_of], min(k, raw.shape[-1]),
+                                                         emitted))

@@ -16,7 +16,10 @@ its placeholder stands for is there.
   scheduled again: no wasted step. One that stops on a token (EOS, a stop token id) is known
   only when that token arrives; the step already scheduled behind it computes one token more,
   which update_from_output drops (the request has finished), and its blocks are freed at once;
-- a preempted request waits for its tokens in flight before it is admitted again.
+- a preempted request waits for its tokens in flight before it is admitted again;
+- with speculative decoding (lab/speculative) a request that samples in a step in flight is not
+  scheduled again until its tokens arrive: how many of its drafts were accepted decides where
+  its next step starts. Other requests still overlap with the step in flight.
 
 Only the mechanism changes: the queue policy and the preemption strategy are the same plug-ins.
 """
@@ -36,10 +39,11 @@ class AsyncScheduler(Scheduler):
         self.placeholders: dict[Request, int] = {}
 
     def _num_tokens_ahead(self, req: Request) -> int:
-        return req.num_tokens + self.placeholders.get(req, 0)
+        return super()._num_tokens_ahead(req) + self.placeholders.get(req, 0)
 
     def _tokens_owed(self, req: Request, budget: int) -> int:
-        if req in self.placeholders and self._ends_in_flight(req):
+        if req in self.placeholders and (self.config.num_speculative_tokens
+                                         or self._ends_in_flight(req)):
             return 0
         return super()._tokens_owed(req, budget)
 

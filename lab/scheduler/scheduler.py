@@ -6,6 +6,14 @@ within `max_num_batched_tokens` and `max_num_seqs`. *Who* is next, *who* is pree
 read-only view of the KV cache) and at most how many tokens a request gets in a step
 (`token_cap`) are the queue policy's call; *what happens* to a preempted request is the
 preemption strategy's.
+
+Speculative decoding (lab/speculative): a running request may end with drafts
+(`spec_token_ids`, set from the previous step's ModelRunnerOutput). They are owed like any
+token and count against the budget; a step that cannot schedule them all schedules a prefix.
+After the step the rejected ones are taken back: num_computed_tokens steps back over them and
+the blocks past the computed tokens are freed (`KVCacheManager.trim`); only accepted tokens ever
+reach the prefix cache. The emitted tokens are appended one by one with a stop check after each,
+so a stop inside an accepted run ends the request there.
 """
 
 from __future__ import annotations
@@ -36,11 +44,14 @@ class SchedulerConfig:
     max_num_batched_tokens: int
     max_model_len: int
     long_prefill_token_threshold: int = 0
+    num_speculative_tokens: int = 0  # the proposer's k (lab/speculative); 0: no speculation
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.num_speculative_tokens < 0:
+            raise ValueError("num_speculative_tokens must be >= 0 (0 = off)")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0 (0 = off)")
 
@@ -70,6 +81,12 @@ class StepEvents:
     swap_in_blocks: int = 0
     num_swap_fallbacks: int = 0  # swap-outs refused (swap space full): recomputed instead
     swap_in_cached_blocks: int = 0  # swapped blocks found still cached on the device (no copy)
+    # speculative decoding: requests that verified drafts, drafts verified, drafts accepted
+    # (in total and at each draft position 0..k-1)
+    num_spec_reqs: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -114,7 +131,7 @@ class Scheduler(StepRecovery):
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
-        self.events = StepEvents()
+        self.events = self.new_events()
         self.plugin_names = (plugin_name(queue), plugin_name(preemption))
         # a policy that keeps RequestQueue.token_cap (no cap) is not asked every request
         self._asks_caps = type(queue).token_cap is not RequestQueue.token_cap
@@ -169,8 +186,12 @@ class Scheduler(StepRecovery):
                               self.num_swapped, self.events, self.kv.stats(), *self.plugin_names)
 
     # -- schedule ------------------------------------------------------------------------------
+    def new_events(self) -> StepEvents:
+        """A step's counters, all zero (one acceptance count per draft position)."""
+        return StepEvents(accepted_per_position=[0] * self.config.num_speculative_tokens)
+
     def schedule(self) -> SchedulerOutput:
-        self.events = StepEvents()
+        self.events = self.new_events()
         self.waiting.on_step(self.clock())
         plan = _StepPlan(budget=self.config.max_num_batched_tokens)
         self._schedule_running(plan)
@@ -180,8 +201,8 @@ class Scheduler(StepRecovery):
 
     def _num_tokens_ahead(self, req: Request) -> int:
         """The tokens the worker will hold for `req` when the step being scheduled runs (the
-        async scheduler adds the tokens of steps still in flight)."""
-        return req.num_tokens
+        async scheduler adds the tokens of steps still in flight), its drafts included."""
+        return req.num_tokens_with_spec
 
     def _may_admit(self, req: Request) -> bool:
         """Whether a waiting request may be admitted now (the async scheduler waits for a
@@ -249,6 +270,7 @@ class Scheduler(StepRecovery):
         given_back = plan.num_tokens.pop(victim.request_id, 0)
         plan.budget += given_back  # a victim scheduled earlier this step returns its budget
         plan.new_blocks.pop(victim.request_id, None)
+        victim.spec_token_ids = []  # proposed for a step that will not come
         victim.times.preempted_at = self.clock()
         action = self.preemption.preempt(victim, self.kv, self.waiting)
         if victim.status == RequestStatus.SWAPPED:
@@ -368,6 +390,7 @@ class Scheduler(StepRecovery):
                     resumed_from_preemption=rid in plan.resumed))
             chunks.append((plan.num_tokens[rid], req.num_computed_tokens,
                            self._num_tokens_ahead(req)))
+            self._take_drafts(req, plan.num_tokens[rid], out)
             req.num_computed_tokens += plan.num_tokens[rid]  # the next chunk can go next step
             record[rid] = (req, req.num_computed_tokens)
             self._on_scheduled(req)
@@ -378,6 +401,17 @@ class Scheduler(StepRecovery):
         self._check_invariants(out)
         self.finished_req_ids = set()  # last: a schedule() that raises keeps them for the next
         return out
+
+    @staticmethod
+    def _take_drafts(req: Request, n: int, out: SchedulerOutput) -> None:
+        """Move the drafts the request's `n` scheduled tokens reach into the step's output (a
+        budget-cut step schedules a prefix of them; the rest are dropped, as in vLLM)."""
+        if not req.spec_token_ids:
+            return
+        num_spec = req.num_computed_tokens + n - req.num_tokens
+        if num_spec > 0:
+            out.scheduled_spec_decode_tokens[req.request_id] = req.spec_token_ids[:num_spec]
+        req.spec_token_ids = []
 
     def _count_tokens(self, req: Request, n: int) -> None:
         prefill = max(0, min(n, req.num_prompt_tokens - req.num_computed_tokens))
@@ -403,20 +437,56 @@ class Scheduler(StepRecovery):
         for rid, req, computed in self.take_step_requests(sched):
             if req.is_finished:
                 continue
+            tokens = result.sampled_token_ids.get(rid)
+            drafts = sched.scheduled_spec_decode_tokens.get(rid)
+            if tokens and drafts:
+                computed = self._take_back_rejected(req, computed, len(drafts), len(tokens) - 1)
+            status = self._append_tokens(req, tokens, result, now) if tokens else None
             if req.status == RequestStatus.RUNNING:  # (not preempted since): share its blocks
                 self.kv.cache_computed(req, computed)  # KV written up to `computed` only
-            token = result.sampled_token_ids.get(rid)
-            if token is None:
-                continue  # a partial prefill samples nothing
-            self._on_token(req)
-            req.append_output_token(token)
-            _record_token_time(req, now)
-            status = self._check_stop(req, token)
             if status is not None:
                 self._detach(req)
                 self._finish(req, status)
-            updated.append(req)
+            elif tokens and req.status == RequestStatus.RUNNING:
+                req.spec_token_ids = result.spec_token_ids.get(rid, [])
+            if tokens:
+                updated.append(req)
         return updated
+
+    def _take_back_rejected(self, req: Request, computed: int, num_drafts: int,
+                            num_accepted: int) -> int:
+        """Count a verification and step the request back over its rejected drafts: their KV
+        slots (and any lookahead) are freed. Returns the tokens computed once the step ran,
+        the rejected ones no longer counted."""
+        ev = self.events
+        ev.num_spec_reqs += 1
+        ev.num_draft_tokens += num_drafts
+        ev.num_accepted_tokens += num_accepted
+        for pos in range(num_accepted):
+            ev.accepted_per_position[pos] += 1
+        req.num_draft_tokens += num_drafts
+        req.num_accepted_tokens += num_accepted
+        rejected = num_drafts - num_accepted
+        if req.status == RequestStatus.RUNNING:
+            req.num_computed_tokens -= rejected
+            self.kv.trim(req, req.num_computed_tokens)
+        return computed - rejected
+
+    def _append_tokens(self, req: Request, tokens: list[int], result: ModelRunnerOutput,
+                       now: float) -> RequestStatus | None:
+        """Append the step's tokens with a stop check after each; a stop ends them there (the
+        output's token and logprob lists are cut to what was appended). The stop, if any."""
+        self._on_token(req)
+        status = None
+        for i, token in enumerate(tokens):
+            req.append_output_token(token)
+            status = self._check_stop(req, token)
+            if status is not None:
+                if i + 1 < len(tokens):
+                    _cut_output(result, req.request_id, i + 1)
+                break
+        _record_token_time(req, now)
+        return status
 
     def step_requests(self, sched: SchedulerOutput) -> dict[str, Request]:
         """The Request objects a step scheduled (finished ones included), by id."""
@@ -473,6 +543,14 @@ def _resume_times(req: Request, now: float) -> None:
     if t.swapped_at is not None:
         t.time_swapped += now - t.swapped_at
         t.swapped_at = None
+
+
+def _cut_output(result: ModelRunnerOutput, rid: str, n: int) -> None:
+    """Keep the first n of a request's emitted tokens (and their logprobs) in the output."""
+    result.sampled_token_ids[rid] = result.sampled_token_ids[rid][:n]
+    lp = result.logprobs.get(rid)
+    if lp is not None:
+        result.logprobs[rid] = type(lp)(lp.token_ids[:n], lp.logprobs[:n], lp.ranks[:n])
 
 
 def _record_token_time(req: Request, now: float) -> None:

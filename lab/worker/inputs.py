@@ -169,6 +169,18 @@ def prepare_inputs(
     )
 
 
+def spec_logits_indices(batch: StepBatch, rows: BatchRows, drafts: np.ndarray,
+                        device: torch.device) -> torch.Tensor:
+    """The logits rows of a step with drafts (speculative decoding): request i's last
+    drafts[i] + 1 tokens (the positions its drafts are verified at, and the one after), request
+    by request; the step's other requests keep their last token."""
+    ends = batch.token_starts + rows.num_scheduled  # one past each request's last token
+    counts = drafts + 1
+    firsts = np.repeat(ends - counts, counts)
+    offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return torch.from_numpy(firsts + offsets).to(device)
+
+
 def _groups(tables: list[tuple[torch.Tensor, torch.Tensor]], layer_groups: tuple[int, ...]
             ) -> dict:
     """AttentionInputs' group fields: every group's (block table, slot mapping) and each

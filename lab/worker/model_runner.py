@@ -43,7 +43,9 @@ from lab.kernels.cpu_argmax import argmax_rows_ref
 from lab.layers.ops import LayerOps
 from lab.logits_processors.base import LogitsProcessor
 from lab.sampling.metadata import make_generator
+from lab.sampling.rejection import PLACEHOLDER, rejection_sample_ref
 from lab.sampling.sampler import LogprobsTensors, Sampler
+from lab.speculative.base import ProposeInputs, Proposer
 from lab.worker.buffers import InputBuffers
 from lab.worker.cudagraph import PaddedDecode, padding_applies
 from lab.worker.inputs import (
@@ -52,6 +54,7 @@ from lab.worker.inputs import (
     StepBatch,
     prepare_inputs,
     prepare_padded_decode,
+    spec_logits_indices,
 )
 from lab.worker.persistent_batch import ObjectRows, PersistentBatch
 from lab.worker.request_state import CachedRequestState
@@ -70,13 +73,14 @@ class ModelRunner:
         logits_processors: Sequence[LogitsProcessor] = (), tp: GroupCoordinator | None = None,
         max_num_tokens: int | None = None, cudagraph_sizes: Sequence[int] = (),
         ubatch: UbatchKnobs | None = None, ops: LayerOps | None = None,
-        layer_groups: Sequence[int] | None = None,
+        layer_groups: Sequence[int] | None = None, proposer: Proposer | None = None,
     ) -> None:
         """`max_num_tokens`: the most tokens of one step (max_num_batched_tokens; None:
         max_model_len); `cudagraph_sizes`: the decode sizes to pad to (resolved already,
         lab/worker/cudagraph.py; () = never pad); `ubatch`: when an eager step runs as two
         micro-batches (lab/worker/ubatch.py; off by default); `ops`: the kernels option, whose
-        `argmax_rows` the sampler uses (None: the reference)."""
+        `argmax_rows` and `rejection_sample` the sampler uses (None: the references);
+        `proposer`: speculative decoding's (lab/speculative; None: off)."""
         self.model = model
         self.tp = tp or GroupCoordinator.single()
         # only the TP group's first rank samples: the others keep no processor state
@@ -112,6 +116,9 @@ class ModelRunner:
         self.processors = list(logits_processors) if self.samples else []
         self.sampler = Sampler(self.processors,
                                argmax=ops.argmax_rows if ops is not None else argmax_rows_ref)
+        self.rejection_sample = (ops.rejection_sample if ops is not None
+                                 and hasattr(ops, "rejection_sample") else rejection_sample_ref)
+        self.proposer = proposer if self.samples else None
 
     def initialize_cache(self, kv_cache: KVCache, swapper: BlockSwapper | None = None) -> None:
         """Hold the cache the backend allocated (its layers and, for fp8, its scales), and
@@ -149,19 +156,42 @@ class ModelRunner:
         req_ids = self.batch.req_ids
         rows = self.rows.step(np.fromiter(map(sched.num_scheduled_tokens.__getitem__, req_ids),
                                           dtype=np.int64, count=n))
+        drafts = self._write_drafts(req_ids, sched.scheduled_spec_decode_tokens)
         batch = self._prepare(rows)
+        if drafts is not None:
+            batch.logits_indices = spec_logits_indices(batch, rows, drafts, self.device)
         hidden = self._forward(batch)
         self.rows.num_computed[:n] += rows.num_scheduled
         out = ModelRunnerOutput()
         self._prompt_logprobs(rows, batch, hidden, out)
         if batch.any_sampled:
             logits = self.model.compute_logits(hidden[batch.logits_indices])
-            if self.samples:
+            if drafts is not None:
+                self._verify(req_ids, batch, logits, drafts, sched, out)
+            elif self.samples:
                 self._sample(req_ids, batch, logits, out)
             else:
                 self._receive_sampled(batch)
+            if self.proposer is not None:
+                self._propose(req_ids, batch, rows, hidden, drafts, out)
         self.buffers.fence.record()
         return out if self.samples else ModelRunnerOutput()
+
+    def _write_drafts(self, req_ids: list[str], spec: dict[str, list[int]]
+                      ) -> np.ndarray | None:
+        """Put the step's drafts after each request's tokens in the token table (its held
+        tokens are not advanced: they are verified, not yet emitted); the drafts per batch row,
+        None when the step has none."""
+        if not spec:
+            return None
+        num = np.zeros(len(req_ids), dtype=np.int64)
+        index = self.batch.index_map
+        for rid, tokens in spec.items():
+            i = index[rid]
+            num[i] = len(tokens)
+            start = self.rows.num_tokens[i]
+            self.token_ids[self.rows.token_row[i], start : start + len(tokens)] = tokens
+        return num
 
     def _prepare(self, rows: BatchRows) -> StepBatch:
         size = (self.padded.size_for(len(rows.num_scheduled))
@@ -189,7 +219,7 @@ class ModelRunner:
         self.tp.broadcast(result.sampled)  # the other TP ranks append the same tokens
         tokens = result.sampled.tolist()
         idx = self._append_sampled(kept, tokens)
-        out.sampled_token_ids.update((req_ids[i], tokens[i]) for i in idx)
+        out.sampled_token_ids.update((req_ids[i], [tokens[i]]) for i in idx)
         if self.processors:
             appended = result.sampled.masked_fill(
                 ~torch.from_numpy(kept).to(result.sampled.device), -1)
@@ -197,6 +227,104 @@ class ModelRunner:
                 processor.on_sampled(appended)
         if result.logprobs is not None:
             out.logprobs.update(self._logprobs_of(req_ids, kept, result.logprobs))
+
+    def _verify(self, req_ids: list[str], batch: StepBatch, logits: torch.Tensor,
+                drafts: np.ndarray, sched: SchedulerOutput, out: ModelRunnerOutput) -> None:
+        """Speculative decoding's sampling: every request's emitted tokens (accepted drafts
+        and one more; lab/sampling/rejection.py), appended where its prompt is complete."""
+        kept = batch.sampled
+        n = len(req_ids)
+        width = int(drafts.max()) + 1
+        if not self.samples:  # a TP rank that does not sample: the first rank's tokens
+            tokens = torch.empty(n, width, dtype=torch.int64, device=self.device)
+            self._append_emitted(kept, self.tp.broadcast(tokens).tolist())
+            return
+        meta = self.sampling_rows.metadata(n, kept)
+        draft_ids = torch.tensor([t for rid in req_ids
+                                  for t in sched.scheduled_spec_decode_tokens.get(rid, ())],
+                                 dtype=torch.int64, device=logits.device)
+        result = self.sampler.verify(logits, meta, drafts.tolist(), draft_ids,
+                                     self.rejection_sample)
+        tokens = result.tokens
+        if tokens.shape[1] < width:  # (the sampler's width is the batch's most drafts + 1)
+            raise AssertionError("rejection sampler returned too few columns")
+        self.tp.broadcast(tokens)
+        lists = tokens.tolist()
+        idx = self._append_emitted(kept, lists)
+        emitted = {i: [t for t in lists[i] if t != PLACEHOLDER] for i in idx}
+        out.sampled_token_ids.update((req_ids[i], emitted[i]) for i in idx)
+        if self.processors:
+            masked = tokens.masked_fill(~torch.from_numpy(kept).to(tokens.device).unsqueeze(1),
+                                        PLACEHOLDER)
+            for j in range(tokens.shape[1]):
+                column = masked[:, j]
+                if bool((column != PLACEHOLDER).any()):
+                    for processor in self.processors:
+                        processor.on_sampled(column)
+        if result.logprobs is not None:
+            out.logprobs.update(self._spec_logprobs_of(req_ids, lists, kept, result.logprobs))
+
+    def _spec_logprobs_of(self, req_ids: list[str], lists: list[list[int]], kept: np.ndarray,
+                          lp: LogprobsTensors) -> dict[str, LogprobsLists]:
+        """The logprobs of every emitted token of the kept rows that asked (`lp` holds one entry
+        per emitted token of every row, row by row)."""
+        asked = self.sampling_rows.num_logprobs[: len(req_ids)]
+        ids, values, ranks = lp.token_ids.tolist(), lp.logprobs.tolist(), lp.ranks.tolist()
+        result, start = {}, 0
+        for i, row in enumerate(lists):
+            count = sum(t != PLACEHOLDER for t in row)
+            if kept[i] and asked[i] != NO_LOGPROBS:
+                width = None if asked[i] < 0 else int(asked[i]) + 1
+                span = range(start, start + count)
+                result[req_ids[i]] = LogprobsLists([ids[j][:width] for j in span],
+                                                   [values[j][:width] for j in span],
+                                                   [ranks[j] for j in span])
+            start += count
+        return result
+
+    def _append_emitted(self, kept: np.ndarray, lists: list[list[int]]) -> list[int]:
+        """Append row i's emitted tokens (PLACEHOLDER-padded) to its request wherever kept[i];
+        the kept rows."""
+        idx = np.flatnonzero(kept).tolist()
+        width = self.token_ids.shape[1]
+        states = self.row_states.items
+        for i in idx:
+            tokens = [t for t in lists[i] if t != PLACEHOLDER]
+            pos = int(self.rows.num_tokens[i])
+            end = min(pos + len(tokens), width)
+            self.token_ids[self.rows.token_row[i], pos:end] = tokens[: end - pos]
+            self.rows.num_tokens[i] += len(tokens)
+            states[i].output_token_ids.extend(tokens)
+        return idx
+
+    def _propose(self, req_ids: list[str], batch: StepBatch, rows: BatchRows,
+                 hidden: torch.Tensor, drafts: np.ndarray | None,
+                 out: ModelRunnerOutput) -> None:
+        """The proposer's drafts for the requests that emitted tokens this step, for the next
+        step to verify (none for those it cannot serve, or whose context is full)."""
+        idx = np.flatnonzero(batch.sampled)
+        if not idx.size:
+            return
+        num_tokens = self.rows.num_tokens[idx]
+        k = self.proposer.num_speculative_tokens
+        # the next step computes positions num_tokens - 1 .. num_tokens - 1 + drafts
+        room = np.maximum(self.max_model_len - num_tokens, 0)
+        states = [self.row_states.items[i] for i in idx.tolist()]
+        serve = np.fromiter((s.speculates for s in states), dtype=bool, count=idx.size)
+        # a request emits at most its max_tokens: drafts past its last token are never kept
+        left = np.fromiter((_tokens_left(s) for s in states), dtype=np.int64, count=idx.size)
+        room = np.minimum(room, np.maximum(left - 1, 0))
+        emitted = np.fromiter((len(out.sampled_token_ids.get(req_ids[i], ()))
+                               for i in idx.tolist()), dtype=np.int64, count=idx.size)
+        rejected = (drafts[idx] + 1 - emitted) if drafts is not None else np.zeros_like(emitted)
+        inputs = ProposeInputs(
+            req_ids=[req_ids[i] for i in idx.tolist()], token_ids=self.token_ids,
+            rows=self.rows.token_row[idx], num_tokens=num_tokens,
+            max_drafts=np.where(serve, np.minimum(room, k), 0), batch_index=idx,
+            num_rejected=np.maximum(rejected, 0), step=batch, hidden=hidden)
+        for rid, tokens in zip(inputs.req_ids, self.proposer.propose(inputs)):
+            if tokens:
+                out.spec_token_ids[rid] = list(tokens)
 
     def _receive_sampled(self, batch: StepBatch) -> None:
         """A TP rank that does not sample: the first rank's sampled ids of this step (one per
@@ -295,6 +423,7 @@ class ModelRunner:
         state = CachedRequestState(
             new.req_id, new.sampling_params, gen, list(new.prompt_token_ids),
             new.num_computed_tokens,
+            speculates=all(type(p).speculates(new.sampling_params) for p in self.processors),
         )
         self.states[new.req_id] = state
         if new.sampling_params.prompt_logprobs is not None:
@@ -340,3 +469,9 @@ class ModelRunner:
                 out.prompt_logprobs[state.req_id] = lists
             if state.prompt_logprobs_done >= len(state.prompt_token_ids) - 1:
                 self.prompt_logprobs_reqs.pop(state.req_id)
+
+
+def _tokens_left(state: CachedRequestState) -> int:
+    """The tokens a request may still emit (its max_tokens; unbounded: a large number)."""
+    max_tokens = state.params.max_tokens
+    return 2**62 if max_tokens is None else max_tokens - len(state.output_token_ids)

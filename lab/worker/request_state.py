@@ -20,6 +20,9 @@ class CachedRequestState:
     output_token_ids: list[int] = field(default_factory=list)  # live: processors read it
     row: int | None = None  # its row of the token / block tables while it has one
     prompt_logprobs_done: int = 0  # prompt positions whose next-token logprobs were sent
+    # speculative decoding may draft for it: no configured logits processor acts on it
+    # (LogitsProcessor.speculates)
+    speculates: bool = True
 
     @property
     def num_tokens(self) -> int:

@@ -43,6 +43,7 @@ from lab.logits_processors.base import LogitsProcessorContext
 from lab.models.loader import load_model, resolve_dtype
 from lab.platform import rank_device
 from lab.quant.base import weight_bytes
+from lab.speculative.base import Proposer, ProposerContext, SpecConfig
 from lab.worker.cudagraph import resolve_capture_sizes
 from lab.worker.memory import CudaMemory, DeviceMemory, profile_memory
 from lab.worker.model_runner import ModelRunner
@@ -96,7 +97,21 @@ class Worker:
             log.info("KV cache: %s", describe_groups(self.kv_groups))
         self.compiled = compile_model(self.model, self.attn_backend, CompileOptions.for_device(
             self.device, config.knobs.max_num_batched_tokens)) if config.knobs.compile else None
+        self.proposer = self._build_proposer()
         self.runner: ModelRunner | None = None
+
+    def _build_proposer(self) -> Proposer | None:
+        """The speculative option's proposer (lab/speculative), built with the target's
+        context; None when speculation is off."""
+        option = self.config.speculative
+        if not SpecConfig.of(option).num_speculative_tokens:
+            return None
+        context = ProposerContext(
+            max_model_len=max_positions(self.hf_config), vocab_size=self.hf_config.vocab_size,
+            block_size=self.block_size, device=self.device, dtype=self.dtype,
+            model_path=self.config.model_path, model=self.model, attn_backend=self.attn_backend,
+            ops=self.ops)
+        return instantiate(option)(context=context)
 
     def _join_group(self, init_method: str | None) -> ParallelState:
         """This rank's process groups (a state of one rank when the world has one)."""
@@ -201,7 +216,8 @@ class Worker:
             total_num_scheduled_tokens=num_tokens))
 
     def _make_runner(self, num_blocks: int, max_model_len: int,
-                     max_num_tokens: int | None = None) -> ModelRunner:
+                     max_num_tokens: int | None = None,
+                     proposer: Proposer | None = None) -> ModelRunner:
         runner = ModelRunner(self.model, self.attn_backend, self.device, self.block_size,
                              self.max_num_seqs, max_model_len, self._logits_processors(),
                              tp=self.state.tp,
@@ -209,7 +225,7 @@ class Worker:
                              cudagraph_sizes=self.cudagraph_sizes, ubatch=self.config.knobs,
                              ops=self.ops,
                              layer_groups=layer_group_index(self.kv_groups)
-                             if len(self.kv_groups) > 1 else None)
+                             if len(self.kv_groups) > 1 else None, proposer=proposer)
         runner.initialize_cache(self._allocate_cache(num_blocks))
         return runner
 
@@ -232,7 +248,7 @@ class Worker:
         self, num_blocks: int, max_model_len: int, num_swap_blocks: int = 0
     ) -> None:
         """Allocate the device KV cache, and a CPU swap space of `num_swap_blocks` blocks."""
-        self.runner = self._make_runner(num_blocks, max_model_len)
+        self.runner = self._make_runner(num_blocks, max_model_len, proposer=self.proposer)
         if self.compiled is not None:
             self._warm_up_compiled()
         if self.runner.capture_graphs():

@@ -103,7 +103,7 @@ def fake_execute(sched: Scheduler, out: SchedulerOutput) -> ModelRunnerOutput:
     for rid in out.num_scheduled_tokens:
         req = sched.requests[rid]
         if req.num_computed_tokens >= req.num_tokens:
-            sampled[rid] = fake_token(req.all_token_ids)
+            sampled[rid] = [fake_token(req.all_token_ids)]
     return ModelRunnerOutput(sampled)
 
 

@@ -100,7 +100,7 @@ class FakeWorker:
             (new_blocks,) = cached.new_block_ids
             state.blocks = (list(new_blocks) if cached.resumed_from_preemption
                             else state.blocks + list(new_blocks))
-        return ModelRunnerOutput({rid: tok for rid, n in sched.num_scheduled_tokens.items()
+        return ModelRunnerOutput({rid: [tok] for rid, n in sched.num_scheduled_tokens.items()
                                   if (tok := self._run(rid, n)) is not None})
 
     def _run(self, rid: str, n: int) -> int | None:
@@ -442,8 +442,8 @@ def test_chain_skips_only_chained_steps():
         a.result()
     with pytest.raises(StepSkipped):
         b.result()
-    c = steps.submit(lambda: ModelRunnerOutput({"x": 1}))  # after the failure was taken in
-    assert c.result().sampled_token_ids == {"x": 1}
+    c = steps.submit(lambda: ModelRunnerOutput({"x": [1]}))  # after the failure was taken in
+    assert c.result().sampled_token_ids == {"x": [1]}
 
 
 def test_a_failed_step_leaves_no_prefix_cache_entry():

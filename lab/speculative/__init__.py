@@ -1,0 +1,1 @@
+"""Speculative decoding: the `speculative` config group (see base.py)."""

@@ -1,0 +1,125 @@
+"""The `speculative` config group: a proposer drafts the next tokens of each request, the target
+model scores them all in one forward, and the rejection sampler (lab/sampling/rejection.py) keeps
+the longest accepted prefix plus one token — exactly the target's distribution (vLLM V1's spec
+decode, Leviathan et al. 2023).
+
+One step of a request with drafts d1..dk (the engine's view):
+
+    scheduler   owes num_tokens + k tokens; its step computes [last token, d1 .. dk]
+    runner      logits at those k + 1 positions; rejection sampler -> a accepted + 1 token
+    scheduler   appends the a + 1 tokens (stop check after each), steps num_computed_tokens
+                back over the k - a rejected drafts and frees their blocks
+    proposer    drafts the next k from the request's tokens (and, for model-based
+                proposers, the step's hidden states): ModelRunnerOutput.spec_token_ids
+
+A proposer is one class (subclass Proposer) plus one YAML in a config directory's
+speculative/ (lab/conf, or a plug-in's):
+
+    # lab/conf/speculative/ngram.yaml
+    _target_: lab.speculative.ngram.NgramProposer
+    _partial_: true            # the worker completes it with the ProposerContext
+    num_speculative_tokens: 3
+
+and runs with `python run.py speculative=ngram speculative.num_speculative_tokens=5`.
+
+Requests a proposer cannot serve get no drafts and decode one token a step, as in vLLM: those
+that set a sampling parameter a configured logits processor implements (penalties, logit bias,
+min_tokens, bad words, allowed tokens: processors see one row per request, the first position
+of its step), unless the processor says it `speculates`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ProposerContext:
+    """What the worker builds a proposer with. `model`, `attn_backend` and the rest are the
+    target's (a draft-model proposer loads its own model next to it)."""
+
+    max_model_len: int
+    vocab_size: int
+    block_size: int = 16
+    device: Any = "cpu"  # torch.device
+    dtype: Any = None  # the target's torch dtype
+    model_path: Any = None  # the target's checkpoint directory
+    model: Any = None  # the target model (nn.Module)
+    attn_backend: Any = None
+    ops: Any = None  # the kernels option's LayerOps
+
+
+@dataclass
+class ProposeInputs:
+    """The requests that emitted tokens this step, in batch order, after their tokens were
+    appended: token ids in `token_ids[rows[i], :num_tokens[i]]`, at most `max_drafts[i]` drafts
+    each (0: none; the request cannot be served, or its context is full).
+
+    Model-based proposers also read the step (`step`: the worker's StepBatch, `hidden`: the
+    target's hidden states of its tokens, `batch_index[i]`: request i's row of the step,
+    `num_rejected[i]`: how many of its step's last tokens were rejected drafts)."""
+
+    req_ids: list[str]
+    token_ids: np.ndarray
+    rows: np.ndarray
+    num_tokens: np.ndarray
+    max_drafts: np.ndarray
+    batch_index: np.ndarray | None = None
+    num_rejected: np.ndarray | None = None
+    step: Any = None
+    hidden: Any = None
+
+
+def check_num_speculative_tokens(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"speculative.num_speculative_tokens={value!r} is invalid: use an "
+                         "integer >= 1 (the drafts proposed per request per step)")
+    return value
+
+
+class Proposer(ABC):
+    """Base class of the `speculative` group: drafts up to k tokens per request."""
+
+    #: the option's name in statistics and errors
+    name: ClassVar[str] = "base"
+    #: the proposer writes KV of its own past the step's tokens within the step (a draft
+    #: model): the scheduler reserves num_speculative_tokens more slots per allocation
+    needs_lookahead: ClassVar[bool] = False
+    #: the proposer runs a model on the TP group's first rank only: tensor_parallel_size 1
+    single_rank_only: ClassVar[bool] = False
+
+    def __init__(self, context: ProposerContext, num_speculative_tokens: int) -> None:
+        self.context = context
+        self.num_speculative_tokens = check_num_speculative_tokens(num_speculative_tokens)
+
+    @abstractmethod
+    def propose(self, inputs: ProposeInputs) -> list[list[int]]:
+        """Drafts for each request of `inputs` (at most max_drafts[i] each; [] for none)."""
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """What the engine's other parts read of the `speculative` option: how many drafts per
+    step (0: speculation off) and the lookahead slots the scheduler reserves."""
+
+    num_speculative_tokens: int = 0
+    num_lookahead_tokens: int = 0
+    name: str = "none"
+
+    @classmethod
+    def of(cls, option: dict | None) -> SpecConfig:
+        """From the option's config (plain data with `_target_`; None or no `_target_`: off)."""
+        if not option or not option.get("_target_"):
+            return cls()
+        from hydra.utils import get_class
+
+        proposer = get_class(option["_target_"])
+        if not (isinstance(proposer, type) and issubclass(proposer, Proposer)):
+            raise ValueError(f"speculative._target_={option['_target_']!r} is not a "
+                             "lab.speculative.base.Proposer subclass")
+        k = check_num_speculative_tokens(option.get("num_speculative_tokens"))
+        return cls(k, k if proposer.needs_lookahead else 0, proposer.name)
