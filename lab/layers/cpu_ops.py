@@ -7,8 +7,8 @@
     python run.py kernels=cpu kernels.gemms.fp32._target_=lab.kernels.cpu_sgemm.OrderedGemm
     python run.py kernels=cpu kernels.argmax=null     # one slot back to its PyTorch reference
 
-The table ops (RMSNorm, rotary, SiLU·mul, MoE, block copy, quantized GEMMs) are the PyTorch
-references, as TorchOps; what this option adds, each slot a `_target_` (null: the reference):
+The table ops (RMSNorm, rotary, SiLU·mul, MoE, block copy, rejection sampler, quantized GEMMs)
+are the PyTorch references, as TorchOps; what this option adds, each slot a `_target_` (null: the reference):
 
     gemms    dense linears: after loading, each weight is packed for the first slot that takes
              it (its dtype, `min_elements`, its shape) and runs there, eager and compiled:

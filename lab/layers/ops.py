@@ -1,5 +1,5 @@
 """The `kernels` config group: which implementation the model's norm, rotary, activation, MoE,
-dense linears and the sampler's argmax use.
+dense linears, the sampler's argmax and speculative decoding's rejection sampler use.
 
 The quantized GEMMs of lab/quant (int8 / fp8 W8A8, int4 weight-only) go through the same
 object, so `kernels=torch` runs each method on its PyTorch reference and `kernels=triton` on
@@ -88,6 +88,13 @@ OPS: tuple[Op, ...] = (
     _op("copy_blocks", "copy_blocks", "copy_blocks", """(src, dst, src_ids, dst_ids, block_dim):
         copy whole KV blocks src[.., src_ids[i], ..] -> dst[.., dst_ids[i], ..] along `block_dim`
         (same device, bit-exact for every dtype; used to swap blocks through a staging buffer)."""),
+    Op("rejection_sample", "lab.kernels.rejection:rejection_sample_ref",
+       "lab.kernels.rejection:rejection_sample_triton", """(draft_token_ids,
+        num_draft_tokens, target_probs, draft_probs, is_greedy, noise): speculative decoding's
+        rejection sampler over a flat batch (lab/sampling/rejection.py: the rule, the layout,
+        `draw_noise`): drafts [D], per-request counts [B], fp32 target rows [D + B, V], draft
+        rows [D, V] or None (point masses), bool [B] -> int64 [B, max k + 1], the emitted
+        tokens then -1; both implementations emit the same tokens from the same noise."""),
     # ---- quantized GEMMs (the `quant` group's methods call these; see lab/quant) ------------
     _op("quantize_int8_per_token", "quantize", "quantize_int8_per_token", """(x): x [M, K] ->
         (int8 [M, K], fp32 scale [M, 1]) with x ~= q * scale (symmetric)."""),
@@ -135,6 +142,7 @@ class LayerOps:
     silu_and_mul: Callable[..., torch.Tensor]
     fused_moe: Callable[..., torch.Tensor]
     copy_blocks: Callable[..., None]
+    rejection_sample: Callable[..., torch.Tensor]
     quantize_int8_per_token: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     int8_gemm: Callable[..., torch.Tensor]
     quantize_fp8: Callable[..., tuple[torch.Tensor, torch.Tensor]]

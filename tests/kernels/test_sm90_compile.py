@@ -299,6 +299,29 @@ def _silu_and_mul(build) -> None:
                  dict(BLOCK=1024), num_warps=4)
 
 
+# -- speculative decoding ----------------------------------------------------------------------
+_REJECTION_PTRS = dict(out_ptr="*i64", draft_ptr="*i64", start_ptr="*i32", k_ptr="*i32",
+                       greedy_ptr="*i8", target_ptr="*fp32", q_ptr="*fp32", uniform_ptr="*fp32",
+                       exp_ptr="*fp32")
+
+
+def _rejection_greedy(build) -> None:
+    from lab.kernels import rejection as rj
+
+    _compile(build, rj._greedy_kernel, _REJECTION_PTRS, dict(BLOCK=1024), num_warps=4)
+
+
+def _rejection_random(build) -> None:
+    """Draft probabilities and point masses: the races divide in IEEE (`div.rn`), as the
+    reference, so the tokens are the reference's bit for bit."""
+    from lab.kernels import rejection as rj
+
+    for has_q in (True, False):
+        ptx = _compile(build, rj._random_kernel, _REJECTION_PTRS, dict(HAS_Q=has_q, BLOCK=1024),
+                       num_warps=4)
+        assert "div.rn.f32" in ptx and "div.approx" not in ptx and "div.full" not in ptx
+
+
 # -- MoE alignment (int32 ids) -------------------------------------------------------------------
 def _moe_align(build) -> None:
     from lab.kernels import moe_align as ma
@@ -336,6 +359,8 @@ CASES: dict[str, Callable] = {
     "rotary._rotary_kernel": _rotary,
     "silu_and_mul._silu_and_mul_kernel": _silu_and_mul,
     "moe_align._align_kernels": _moe_align,
+    "rejection._greedy_kernel": _rejection_greedy,
+    "rejection._random_kernel": _rejection_random,
 }
 # The larger attention / GEMM kernels take ~1-3 s each to compile (cold Triton cache).
 SLOW = {"mla_decode._mla_split_kernel", "paged_prefill._paged_prefill_kernel"}
