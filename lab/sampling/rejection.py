@@ -32,7 +32,7 @@ import torch
 # the op's types live beside it (lab.kernels imports no other lab package)
 from lab.kernels.rejection import PLACEHOLDER, RejectionNoise
 
-__all__ = ["PLACEHOLDER", "RejectionNoise", "draw_noise"]
+__all__ = ["PLACEHOLDER", "RejectionNoise", "draw_noise", "empty_noise"]
 
 
 def empty_noise(like: torch.Tensor) -> RejectionNoise:

@@ -40,10 +40,10 @@ from lab.core.logprobs import LogprobsLists
 from lab.core.step import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lab.distributed.parallel_state import GroupCoordinator
 from lab.kernels.cpu_argmax import argmax_rows_ref
+from lab.kernels.rejection import PLACEHOLDER, rejection_sample_ref
 from lab.layers.ops import LayerOps
 from lab.logits_processors.base import LogitsProcessor
 from lab.sampling.metadata import make_generator
-from lab.sampling.rejection import PLACEHOLDER, rejection_sample_ref
 from lab.sampling.sampler import LogprobsTensors, Sampler
 from lab.speculative.base import ProposeInputs, Proposer
 from lab.worker.buffers import InputBuffers
@@ -117,7 +117,7 @@ class ModelRunner:
         self.sampler = Sampler(self.processors,
                                argmax=ops.argmax_rows if ops is not None else argmax_rows_ref)
         self.rejection_sample = (ops.rejection_sample if ops is not None
-                                 and hasattr(ops, "rejection_sample") else rejection_sample_ref)
+                                 else rejection_sample_ref)
         self.proposer = proposer if self.samples else None
 
     def initialize_cache(self, kv_cache: KVCache, swapper: BlockSwapper | None = None) -> None:
