@@ -92,13 +92,19 @@ def model_features(name: str) -> frozenset[str]:
     return frozenset().union(*(s.features for s in arch_spec(cfg).layer_attention_specs(cfg)))
 
 
+# tiny_deepseek_mtp is tiny_deepseek_v3 tensor for tensor plus its MTP layers: every test of a
+# target would run the same model twice (the engine parity alone ~45 s of CPU). Its own tests:
+# tests/models/test_deepseek_mtp.py (the target loads; the MTP layers against transformers).
+DRAFT_PRESETS = ("tiny_deepseek_mtp",)
+
+
 def tiny_models(kind: str | None = None) -> list[str]:
     """The `model` options that are embedded tiny presets: `tiny_*`. Left out: `hf` (needs
-    model.path) and `bench_*` (benchmark widths: minutes per run in fp32 on a CPU, bf16 by
-    default). kind: None (all), "mla" (kv_lora_rank: DeepSeek MLA), "hybrid" (layers with
+    model.path), `bench_*` (benchmark widths: minutes per run in fp32 on a CPU, bf16 by
+    default) and DRAFT_PRESETS (a target another preset already is). kind: None (all), "mla" (kv_lora_rank: DeepSeek MLA), "hybrid" (layers with
     attention features: Mistral's and Qwen2's windows, Gemma, gpt-oss) or "gqa" (the others:
     plain causal attention, what every attention backend runs)."""
-    names = [m for m in options("model") if m.startswith("tiny_")]
+    names = [m for m in options("model") if m.startswith("tiny_") and m not in DRAFT_PRESETS]
     if kind not in (None, "mla", "gqa", "hybrid"):
         raise ValueError(f"kind={kind!r}: expected 'mla', 'gqa', 'hybrid' or None")
     return [m for m in names if kind is None or model_kind(m) == kind]

@@ -188,6 +188,34 @@ class DeepseekModel(DecoderStack):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops=ops)
 
 
+def checkpoint_names(param_name: str, num_experts: int | None) -> list[str]:
+    """The checkpoint tensors that fill a DeepSeek parameter: every expert's (any rank's) for
+    stacked experts, gate and up for a fused gate_up_proj, else its own name."""
+    if param_name.endswith((".experts.w13", ".experts.w2")):
+        return expert_checkpoint_names(param_name, num_experts)
+    return STACKED.to_checkpoint(param_name)
+
+
+def load_tensor(params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor,
+                check: WeightCheck, num_experts: int | None, report_as: str | None = None) -> None:
+    """Load one checkpoint tensor, named as the parameters are (`name`), into its parameter
+    (its expert's slot of w13 / w2, its half of gate_up_proj, or all of it) with the
+    parameter's weight_loader; record it in `check` as seen, unexpected (no such parameter, an
+    expert past num_experts) or mis-shaped, under `report_as` (None: `name`)."""
+    report_as = report_as or name
+    param_name, shard = expert_param_name(name) or STACKED.to_param(name)
+    param = params.get(param_name)
+    if param is None or (isinstance(shard, tuple) and shard[0] >= (num_experts or 0)):
+        check.unexpected.append(report_as)
+        return
+    loader = getattr(param, "weight_loader", default_weight_loader)
+    try:
+        loader(param, tensor) if shard is None else loader(param, tensor, shard)
+    except ValueError as err:
+        check.mis_shaped.append(f"{report_as}: {err}")
+        return
+    check.seen.add(report_as)
+
 
 class DeepseekV2ForCausalLM(CausalLM):
     """DeepSeek-V2 (and V2-Lite / V2.5): MLA + softmax-routed MoE, interleaved (gptj) rope."""
@@ -221,7 +249,8 @@ class DeepseekV2ForCausalLM(CausalLM):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], attn_metadata: object) -> torch.Tensor:
-        """input_ids, positions [T] -> final hidden states [T, hidden]."""
+        """input_ids, positions [T] -> final hidden states [T, hidden], after model.norm (as
+        vLLM's: what the MTP layers take as previous_hidden, lab/models/deepseek_mtp.py)."""
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
@@ -235,11 +264,11 @@ class DeepseekV2ForCausalLM(CausalLM):
         Multi-token-prediction layers (V3's num_nextn_predict_layers) are skipped."""
         params = dict(self.named_parameters())
         check = WeightCheck()
+        experts = self.config.n_routed_experts
         for name, tensor in weights:
-            if self._skipped(name):
-                continue
-            self._load_one(params, name, tensor, check)
-        check.finish(c for p in params for c in self._checkpoint_names(p, params[p]))
+            if not self._skipped(name):
+                load_tensor(params, name, tensor, check, experts)
+        check.finish(c for p in params for c in checkpoint_names(p, experts))
         return set(params)
 
     def _skipped(self, name: str) -> bool:
@@ -248,26 +277,6 @@ class DeepseekV2ForCausalLM(CausalLM):
         layer = LAYER_NAME.match(name)
         return layer is not None and (
             self.num_layers <= int(layer.group(1)) < self.num_layers + self.num_extra_layers)
-
-    def _checkpoint_names(self, param_name: str, param: nn.Parameter) -> list[str]:
-        if param_name.endswith((".experts.w13", ".experts.w2")):  # every expert, any rank's
-            return expert_checkpoint_names(param_name, self.config.n_routed_experts)
-        return STACKED.to_checkpoint(param_name)
-
-    def _load_one(self, params: dict, name: str, tensor: torch.Tensor, check: WeightCheck) -> None:
-        param_name, shard = expert_param_name(name) or STACKED.to_param(name)
-        param = params.get(param_name)
-        if param is None or (isinstance(shard, tuple)
-                             and shard[0] >= self.config.n_routed_experts):
-            check.unexpected.append(name)
-            return
-        loader = getattr(param, "weight_loader", default_weight_loader)
-        try:
-            loader(param, tensor) if shard is None else loader(param, tensor, shard)
-        except ValueError as err:
-            check.mis_shaped.append(f"{name}: {err}")
-            return
-        check.seen.add(name)
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):

@@ -7,10 +7,12 @@ here, once, before any layer is built.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from lab.attention.base import AttentionBackend
 from lab.config.dtypes import DTYPE_NAMES, config_dtype_name, resolve_dtype_name
@@ -68,15 +70,29 @@ def load_model(
     for layer_spec in set(spec.layer_attention_specs(hf_config, tp_size)):
         attn_backend.check_supported(layer_spec)
     cls = spec.model_class()
+    model = build_and_load(
+        lambda ops: cls(hf_config, attn_backend, ops, tp, expert_parallel=expert_parallel),
+        path, hf_config, dtype, device, ops, quant)
+    return model, hf_config
+
+
+def build_and_load(
+    build: Callable[[LayerOps], nn.Module], path: str | Path, hf_config, dtype: torch.dtype,
+    device: str | torch.device, ops: LayerOps | None = None, quant: QuantConfig | None = None,
+) -> nn.Module:
+    """`build(ops)` on `device` in `dtype` (ops None: TorchOps), its linears given their quant
+    methods (None: unquantized), the checkpoint's tensors handed to its `load_weights` (strict),
+    then each method's post-load step (e.g. the kernels option packing dense weights): the
+    module in eval mode. What load_model does for a CausalLM; a draft model (the DeepSeek MTP
+    layers, lab/models/deepseek_mtp.py) loads the same way from the same checkpoint."""
     ops = ops or TorchOps()
-    quant = quant or NoQuantConfig()
-    quant = quant.bind(hf_config, ops)
+    quant = (quant or NoQuantConfig()).bind(hf_config, ops)
     with torch.device(device), default_dtype(dtype):
-        model = cls(hf_config, attn_backend, ops, tp, expert_parallel=expert_parallel)
+        model = build(ops)
         quant.quantize_model(model)
     model.load_weights(safetensors_weights(path))
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if method is not None:
             method.process_weights_after_loading(module)
-    return model.eval(), hf_config
+    return model.eval()

@@ -21,6 +21,17 @@ depended on the context: the window and the attention soft cap changed 1 and 0 o
 [in, out] projections std 1/sqrt(in), attention sinks N(0,1) (a sink as likely as a key).
 The `<|eos|>` row of the LM head is zeroed so random models almost never stop by themselves
 (use stop tokens / max_tokens to end generations).
+
+DeepSeek-V3's multi-token-prediction (MTP) layers: transformers builds none, so a preset that
+sets `num_nextn_predict_layers` (transformers' config defaults it to 1 even where a checkpoint
+has none: only a preset naming it gets them) gets them drawn separately, under the real
+checkpoint names `model.layers.{num_hidden_layers + i}.` (lab/models/deepseek_mtp.py reads them)
+and into model.safetensors (a sharded checkpoint: their own file, listed in its index). The
+decoder block is transformers' DeepseekV3DecoderLayer at that index (MoE or dense as that layer
+would be), drawn with the rules above from MTP_SEED + i (so the target's draws are those of
+the same preset without MTP), its experts saved per expert as transformers saves them; enorm,
+hnorm and shared_head.norm are norms, eh_proj [hidden, 2 hidden] a linear; embed_tokens and
+shared_head.head are copies of the target's embedding and LM head, as DeepSeek-V3 ships them.
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ GENERATOR_VERSION = 4  # 4: the tokenizer has a chat template
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|endoftext|>"  # PAD: what Qwen2Tokenizer expects
 BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
 SEED = 1234
+MTP_SEED = SEED + 1  # MTP layer i draws from MTP_SEED + i: the target's weights do not move
+MTP_FILE = "model-mtp.safetensors"
 TIED_EMBED_STD = 0.3
 QK_GAIN = 3.0  # sharper attention: generations depend on the context, not only the last token
 ROUTER_GAIN = 2.0  # MoE router logits std ~2: top-k expert choices are rarely near-ties
@@ -126,6 +139,8 @@ def generate_tiny_model(
     model = build_hf_model(spec)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size is not None else {}
     model.save_pretrained(out, safe_serialization=True, **kwargs)
+    if spec.get("num_nextn_predict_layers"):
+        save_extra_weights(out, mtp_weights(model, model.config))
     save_tokenizer(out, spec["vocab_size"])
     return out
 
@@ -165,6 +180,81 @@ def redraw_weights(model: torch.nn.Module, config) -> None:
         if name.endswith("e_score_correction_bias"):  # V3 router: a buffer, not a parameter
             buf.copy_(0.1 * torch.randn(buf.shape, generator=gen, dtype=torch.float32))
     model.get_output_embeddings().weight[EOS_ID] = 0.0
+
+
+def mtp_weights(model: torch.nn.Module, config) -> dict[str, torch.Tensor]:
+    """DeepSeek-V3's MTP layers under their checkpoint names, in the model's dtype (see the
+    module docstring)."""
+    weights: dict[str, torch.Tensor] = {}
+    for i in range(config.num_nextn_predict_layers):
+        weights.update(_mtp_layer(model, config, i))
+    dtype = model.get_input_embeddings().weight.dtype
+    return {name: t.to(dtype).contiguous() for name, t in weights.items()}
+
+
+@torch.no_grad()
+def _mtp_layer(model: torch.nn.Module, config, i: int) -> dict[str, torch.Tensor]:
+    """MTP layer i (checkpoint index num_hidden_layers + i): its decoder block, fusion and head."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+
+    index, hidden = config.num_hidden_layers + i, config.hidden_size
+    prefix = f"model.layers.{index}."
+    torch.manual_seed(SEED)
+    block = DeepseekV3DecoderLayer(config, layer_idx=index)
+    shapes = {prefix + name: p.shape for name, p in block.named_parameters()}
+    shapes.update({prefix + name: shape for name, shape in (
+        ("enorm.weight", (hidden,)), ("hnorm.weight", (hidden,)),
+        ("shared_head.norm.weight", (hidden,)), ("eh_proj.weight", (hidden, 2 * hidden)))})
+    gen = torch.Generator().manual_seed(MTP_SEED + i)
+    weights = {name: _scale(name, torch.Size(shape), config,
+                            torch.randn(shape, generator=gen, dtype=torch.float32))
+               for name, shape in sorted(shapes.items())}
+    for name, buf in sorted(block.named_buffers()):
+        if name.endswith("e_score_correction_bias"):
+            weights[prefix + name] = 0.1 * torch.randn(buf.shape, generator=gen)
+    weights[prefix + "embed_tokens.weight"] = model.get_input_embeddings().weight.clone()
+    weights[prefix + "shared_head.head.weight"] = model.get_output_embeddings().weight.clone()
+    return _per_expert(weights)
+
+
+def _per_expert(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' stacked experts (`experts.gate_up_proj` [E, 2I, in] = | gate | up |,
+    `experts.down_proj` [E, out, I]) as its checkpoints store them: one tensor per expert
+    (copies: safetensors saves tensors that own their memory)."""
+    out = {}
+    for name, t in weights.items():
+        if name.endswith("experts.gate_up_proj"):
+            stem, inter = name.removesuffix("gate_up_proj"), t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{stem}{e}.gate_proj.weight"] = t[e, :inter].clone()
+                out[f"{stem}{e}.up_proj.weight"] = t[e, inter:].clone()
+        elif name.endswith("experts.down_proj"):
+            stem = name.removesuffix("down_proj")
+            out.update({f"{stem}{e}.down_proj.weight": t[e].clone() for e in range(t.shape[0])})
+        else:
+            out[name] = t
+    return out
+
+
+def save_extra_weights(out_dir: Path, weights: dict[str, torch.Tensor]) -> None:
+    """Add tensors transformers did not save to the checkpoint: into model.safetensors
+    (rewritten with them), or, when transformers sharded it, into MTP_FILE, listed in the
+    index. (Not an extra file beside model.safetensors: transformers reads that file alone.)"""
+    from safetensors.torch import load_file, save_file
+
+    from lab.models.weight_utils import INDEX_FILE, SINGLE_FILE
+
+    index_path = out_dir / INDEX_FILE
+    if not index_path.exists():
+        saved = load_file(out_dir / SINGLE_FILE)
+        save_file({**saved, **weights}, str(out_dir / SINGLE_FILE), metadata={"format": "pt"})
+        return
+    index = json.loads(index_path.read_text())
+    save_file(weights, str(out_dir / MTP_FILE), metadata={"format": "pt"})
+    index["weight_map"].update(dict.fromkeys(weights, MTP_FILE))
+    nbytes = sum(t.numel() * t.element_size() for t in weights.values())
+    index["metadata"]["total_size"] = index["metadata"].get("total_size", 0) + nbytes
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 def _scale(name: str, shape: torch.Size, config, noise: torch.Tensor) -> torch.Tensor:

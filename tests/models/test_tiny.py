@@ -38,8 +38,10 @@ def test_generation_is_deterministic(tmp_path):
 # that reaches an existing preset keeps its cache entry's name (preset_hash) but changes what a
 # fresh cache generates -- as gpt-oss's [E, in, out] expert rule once reached DeepSeek's stacked
 # [E, out, in] experts, found only by a test on a fresh clone. The MoE presets, whose stacked
-# expert tensors are where family rules meet.
-WEIGHT_DIGESTS = {"tiny_deepseek": "d0c03ea639545f5e", "tiny_gpt_oss": "39004eefd56b0ffb"}
+# expert tensors are where family rules meet, and tiny_deepseek_mtp, whose MTP layers lab draws
+# itself (transformers builds none).
+WEIGHT_DIGESTS = {"tiny_deepseek": "d0c03ea639545f5e", "tiny_gpt_oss": "39004eefd56b0ffb",
+                  "tiny_deepseek_mtp": "04e9421ca282b985"}
 
 
 @pytest.mark.parametrize("name", WEIGHT_DIGESTS)
@@ -74,6 +76,7 @@ PINNED_HASHES = {
     "tiny_deepseek": "ee28bdc48b",
     "tiny_deepseek_lite": "b00fac06cd",
     "tiny_deepseek_v3": "4ac4a180a7",
+    "tiny_deepseek_mtp": "3ccb466b66",
     "tiny_mistral_sw": "0e38fe56d3",
     "tiny_qwen2_sw": "6bc4ebef7f",
     "tiny_gemma2": "d2570092a7",
