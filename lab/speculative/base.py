@@ -55,21 +55,26 @@ class ProposerContext:
 
 @dataclass
 class ProposeInputs:
-    """The requests that emitted tokens this step, in batch order, after their tokens were
-    appended: token ids in `token_ids[rows[i], :num_tokens[i]]`, at most `max_drafts[i]` drafts
-    each (0: none; the request cannot be served, or its context is full).
+    """Every request of the step, in batch order, after its emitted tokens were appended:
+    its token ids are `token_ids[rows[i], :num_tokens[i]]`; it gets at most `max_drafts[i]`
+    drafts (0: none — it emitted nothing this step (a prompt chunk), the proposer may not serve
+    it, or its context or max_tokens is reached).
 
-    Model-based proposers also read the step (`step`: the worker's StepBatch, `hidden`: the
-    target's hidden states of its tokens, `batch_index[i]`: request i's row of the step,
-    `num_rejected[i]`: how many of its step's last tokens were rejected drafts)."""
+    What the step computed, for model-based proposers: request i's tokens at positions
+    num_computed[i] .. num_computed[i] + num_scheduled[i] - 1 (`step`: the worker's StepBatch,
+    whose token_starts[i] is its first row of `hidden`, the target's hidden states of the step's
+    tokens), of which the last `num_rejected[i]` were rejected drafts; `sampled[i]`: it emitted
+    tokens (its prompt is complete)."""
 
     req_ids: list[str]
     token_ids: np.ndarray
     rows: np.ndarray
     num_tokens: np.ndarray
     max_drafts: np.ndarray
-    batch_index: np.ndarray | None = None
+    num_computed: np.ndarray | None = None
+    num_scheduled: np.ndarray | None = None
     num_rejected: np.ndarray | None = None
+    sampled: np.ndarray | None = None
     step: Any = None
     hidden: Any = None
 

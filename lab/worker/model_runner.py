@@ -301,28 +301,31 @@ class ModelRunner:
                  hidden: torch.Tensor, drafts: np.ndarray | None,
                  out: ModelRunnerOutput) -> None:
         """The proposer's drafts for the requests that emitted tokens this step, for the next
-        step to verify (none for those it cannot serve, or whose context is full)."""
-        idx = np.flatnonzero(batch.sampled)
-        if not idx.size:
-            return
-        num_tokens = self.rows.num_tokens[idx]
+        step to verify (none for those it cannot serve, or whose context or max_tokens is
+        reached). It sees every request of the step (a draft model writes its own KV of the
+        prompt chunks too)."""
+        n = len(req_ids)
+        num_tokens = self.rows.num_tokens[:n].copy()
+        emitted = np.fromiter((len(out.sampled_token_ids.get(rid, ())) for rid in req_ids),
+                              dtype=np.int64, count=n)
+        rejected = np.zeros(n, dtype=np.int64)
+        if drafts is not None:
+            rejected = np.where(batch.sampled, np.maximum(drafts + 1 - emitted, 0), 0)
+        states = self.row_states.items[:n]
+        serve = np.fromiter((s.speculates for s in states), dtype=bool, count=n)
+        # the next step computes positions num_tokens - 1 .. num_tokens - 1 + drafts, and a
+        # request emits at most its max_tokens: drafts past its last token are never kept
+        left = np.fromiter((_tokens_left(s) for s in states), dtype=np.int64, count=n)
+        room = np.minimum(np.maximum(self.max_model_len - num_tokens, 0),
+                          np.maximum(left - 1, 0))
         k = self.proposer.num_speculative_tokens
-        # the next step computes positions num_tokens - 1 .. num_tokens - 1 + drafts
-        room = np.maximum(self.max_model_len - num_tokens, 0)
-        states = [self.row_states.items[i] for i in idx.tolist()]
-        serve = np.fromiter((s.speculates for s in states), dtype=bool, count=idx.size)
-        # a request emits at most its max_tokens: drafts past its last token are never kept
-        left = np.fromiter((_tokens_left(s) for s in states), dtype=np.int64, count=idx.size)
-        room = np.minimum(room, np.maximum(left - 1, 0))
-        emitted = np.fromiter((len(out.sampled_token_ids.get(req_ids[i], ()))
-                               for i in idx.tolist()), dtype=np.int64, count=idx.size)
-        rejected = (drafts[idx] + 1 - emitted) if drafts is not None else np.zeros_like(emitted)
         inputs = ProposeInputs(
-            req_ids=[req_ids[i] for i in idx.tolist()], token_ids=self.token_ids,
-            rows=self.rows.token_row[idx], num_tokens=num_tokens,
-            max_drafts=np.where(serve, np.minimum(room, k), 0), batch_index=idx,
-            num_rejected=np.maximum(rejected, 0), step=batch, hidden=hidden)
-        for rid, tokens in zip(inputs.req_ids, self.proposer.propose(inputs)):
+            req_ids=list(req_ids), token_ids=self.token_ids, rows=rows.rows.copy(),
+            num_tokens=num_tokens,
+            max_drafts=np.where(serve & batch.sampled, np.minimum(room, k), 0),
+            num_computed=rows.num_computed, num_scheduled=rows.num_scheduled,
+            num_rejected=rejected, sampled=batch.sampled, step=batch, hidden=hidden)
+        for rid, tokens in zip(req_ids, self.proposer.propose(inputs)):
             if tokens:
                 out.spec_token_ids[rid] = list(tokens)
 
