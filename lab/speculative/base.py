@@ -106,6 +106,23 @@ class Proposer(ABC):
         """Drafts for each request of `inputs` (at most max_drafts[i] each; [] for none)."""
 
 
+class NoProposer(Proposer):
+    """`speculative=none`: no drafts; every request decodes one token a step."""
+
+    name = "none"
+
+    def __init__(self, context: ProposerContext, num_speculative_tokens: int = 0) -> None:
+        if num_speculative_tokens != 0:
+            raise ValueError(f"speculative=none takes num_speculative_tokens=0, not "
+                             f"{num_speculative_tokens!r}: choose a proposer (speculative=ngram, "
+                             "draft, mtp) to speculate")
+        self.context = context
+        self.num_speculative_tokens = 0
+
+    def propose(self, inputs: ProposeInputs) -> list[list[int]]:
+        return [[] for _ in inputs.req_ids]
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """What the engine's other parts read of the `speculative` option: how many drafts per
@@ -117,7 +134,7 @@ class SpecConfig:
 
     @classmethod
     def of(cls, option: dict | None) -> SpecConfig:
-        """From the option's config (plain data with `_target_`; None or no `_target_`: off)."""
+        """From the option's config (plain data with `_target_`; None or NoProposer: off)."""
         if not option or not option.get("_target_"):
             return cls()
         from hydra.utils import get_class
@@ -126,5 +143,7 @@ class SpecConfig:
         if not (isinstance(proposer, type) and issubclass(proposer, Proposer)):
             raise ValueError(f"speculative._target_={option['_target_']!r} is not a "
                              "lab.speculative.base.Proposer subclass")
+        if issubclass(proposer, NoProposer):
+            return cls()
         k = check_num_speculative_tokens(option.get("num_speculative_tokens"))
         return cls(k, k if proposer.needs_lookahead else 0, proposer.name)

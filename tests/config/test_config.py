@@ -12,6 +12,7 @@ from lab.config.compose import CONF_DIR, GROUP_BASES, GROUPS, compose_config, se
 from lab.config.validate import validate_knobs
 from lab.logits_processors.base import LogitsProcessor, LogitsProcessorContext
 from lab.metrics.base import StatLogger
+from lab.speculative.base import ProposerContext
 from tests.options import options
 
 LISTS = ("logger", "logits_processors")  # the multi-choice groups
@@ -19,7 +20,8 @@ SINGLE = [g for g in GROUPS if g not in LISTS]
 OPTIONS = [(g, option) for g in SINGLE for option in options(g)]
 EXTRA = {"model": {"hf": ["model.path=/nonexistent"]},
          "sim/step_time": {"profiled": ["sim.step_time.path=/nonexistent.json"]}}
-PARTIAL_ARGS = {"cache": dict(num_blocks=8, max_model_len=64)}
+PARTIAL_ARGS = {"cache": dict(num_blocks=8, max_model_len=64),
+                "speculative": dict(context=ProposerContext(max_model_len=64, vocab_size=32))}
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS)
