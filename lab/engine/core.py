@@ -133,7 +133,7 @@ class EngineCore(AsyncSteps):
         if self.has_unfinished_requests() or not self.scheduler.kv.reset_prefix_cache():
             return False
         self.scheduler.kv.reset_counters()
-        self.scheduler.events = self.scheduler.new_events()
+        self.scheduler.events = StepEvents()
         self.step_count = 0
         freeze_gc_heap()
         self.origin = self.clock()
@@ -241,6 +241,7 @@ class EngineCore(AsyncSteps):
     ) -> StepStats:
         st = self.scheduler.stats()
         ev, kv = events, st.kv
+        spec = self.scheduler.spec_counts  # of the update just made
         return StepStats(
             step=self.step_count,
             time=self.clock() - self.origin,
@@ -273,10 +274,10 @@ class EngineCore(AsyncSteps):
             num_finished=sum(r.is_finished for r in updated),
             num_generated_tokens=sum(len(result.sampled_token_ids[r.request_id])
                                      for r in updated),
-            num_spec_reqs=ev.num_spec_reqs,
-            num_draft_tokens=ev.num_draft_tokens,
-            num_accepted_tokens=ev.num_accepted_tokens,
-            accepted_per_position=list(ev.accepted_per_position),
+            num_spec_reqs=spec.num_spec_reqs,
+            num_draft_tokens=spec.num_draft_tokens,
+            num_accepted_tokens=spec.num_accepted_tokens,
+            accepted_per_position=list(spec.accepted_per_position),
             num_prefill_reqs=sched.shape.num_prefill_reqs,
             num_decode_reqs=sched.shape.num_decode_reqs,
             prefill_attention_pairs=sched.shape.prefill_attention_pairs,

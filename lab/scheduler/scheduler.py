@@ -81,8 +81,15 @@ class StepEvents:
     swap_in_blocks: int = 0
     num_swap_fallbacks: int = 0  # swap-outs refused (swap space full): recomputed instead
     swap_in_cached_blocks: int = 0  # swapped blocks found still cached on the device (no copy)
-    # speculative decoding: requests that verified drafts, drafts verified, drafts accepted
-    # (in total and at each draft position 0..k-1)
+
+
+@dataclass
+class SpecDecodeCounts:
+    """What one update_from_output saw of speculative decoding: requests that verified drafts,
+    drafts verified, drafts accepted (in total and at each draft position 0..k-1). Counted at
+    the update, not the schedule: with async scheduling another step has been scheduled by
+    then."""
+
     num_spec_reqs: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
@@ -131,7 +138,8 @@ class Scheduler(StepRecovery):
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
-        self.events = self.new_events()
+        self.events = StepEvents()
+        self.spec_counts = self.new_spec_counts()
         self.plugin_names = (plugin_name(queue), plugin_name(preemption))
         # a policy that keeps RequestQueue.token_cap (no cap) is not asked every request
         self._asks_caps = type(queue).token_cap is not RequestQueue.token_cap
@@ -186,12 +194,12 @@ class Scheduler(StepRecovery):
                               self.num_swapped, self.events, self.kv.stats(), *self.plugin_names)
 
     # -- schedule ------------------------------------------------------------------------------
-    def new_events(self) -> StepEvents:
-        """A step's counters, all zero (one acceptance count per draft position)."""
-        return StepEvents(accepted_per_position=[0] * self.config.num_speculative_tokens)
+    def new_spec_counts(self) -> SpecDecodeCounts:
+        """An update's speculative counters, all zero (one per draft position)."""
+        return SpecDecodeCounts(accepted_per_position=[0] * self.config.num_speculative_tokens)
 
     def schedule(self) -> SchedulerOutput:
-        self.events = self.new_events()
+        self.events = StepEvents()
         self.waiting.on_step(self.clock())
         plan = _StepPlan(budget=self.config.max_num_batched_tokens)
         self._schedule_running(plan)
@@ -434,6 +442,7 @@ class Scheduler(StepRecovery):
         """
         now = self.clock()
         updated = []
+        self.spec_counts = self.new_spec_counts()
         for rid, req, computed in self.take_step_requests(sched):
             if req.is_finished:
                 continue
@@ -458,7 +467,7 @@ class Scheduler(StepRecovery):
         """Count a verification and step the request back over its rejected drafts: their KV
         slots (and any lookahead) are freed. Returns the tokens computed once the step ran,
         the rejected ones no longer counted."""
-        ev = self.events
+        ev = self.spec_counts
         ev.num_spec_reqs += 1
         ev.num_draft_tokens += num_drafts
         ev.num_accepted_tokens += num_accepted

@@ -129,7 +129,7 @@ def test_drafts_rollbacks_and_block_accounting(prompts, shared, max_tokens, k, n
                     if rid in out.scheduled_spec_decode_tokens}
         sched.update_from_output(out, result)
         check_blocks(sched)
-        ev = sched.events
+        ev = sched.spec_counts
         assert ev.num_draft_tokens == sum(d for d, _ in verified.values())
         assert ev.num_accepted_tokens == sum(a for _, a in verified.values())
         assert sum(ev.accepted_per_position) == ev.num_accepted_tokens

@@ -1,0 +1,172 @@
+"""Speculative decoding through the real engine (tiny checkpoints, the torch backend): greedy
+output ids equal the non-speculative run's exactly, for every k and across the engine's modes —
+chunked prefill, prefix hits, preemption (recompute and swap), async scheduling, a core process
+— with acceptance statistics that match what the outputs show.
+
+The drafts come from `ngram` (lab's) or `replay` (tests/speculative/replay.py: a plug-in from
+outside lab's package that replays the reference run with every third position wrong, so runs
+of accepted drafts end in rejections at known places)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lab.core.sampling_params import SamplingParams
+from lab.engine.llm import LLM
+from lab.metrics import InMemoryLogger
+from lab.speculative.ngram import lookup
+from tests.speculative.replay import write_replay_option
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7], [11, 12, 13, 14] * 4,
+           list(range(20, 40))]
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+
+def generate(llm: LLM, params: SamplingParams = GREEDY, prompts=PROMPTS) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[list[int]]:
+    return generate(LLM("tiny_llama"))
+
+
+@pytest.fixture(scope="module")
+def replay_dir(tmp_path_factory, reference):
+    sequences = [p + out for p, out in zip(PROMPTS, reference)]
+    return tmp_path_factory.mktemp("conf"), sequences
+
+
+def replay_llm(replay_dir, k: int, **knobs) -> tuple[LLM, InMemoryLogger]:
+    path, sequences = replay_dir
+    write_replay_option(path / f"k{k}", sequences, k)
+    memory = InMemoryLogger()
+    return LLM("tiny_llama", stat_loggers=[memory], config_path=[path / f"k{k}"],
+               speculative="replay", **knobs), memory
+
+
+def check_statistics(memory: InMemoryLogger, outputs: list[list[int]]) -> None:
+    """Drafts and acceptances per step add up to the requests'; every step a request emits
+    in gives it one token plus its accepted drafts (max_tokens caps the drafts, so no emitted
+    token is cut)."""
+    steps, reqs = memory.steps, memory.requests
+    assert sum(s.num_accepted_tokens for s in steps) == sum(r.num_accepted_tokens for r in reqs)
+    assert sum(s.num_draft_tokens for s in steps) == sum(r.num_draft_tokens for r in reqs)
+    for s in steps:
+        assert sum(s.accepted_per_position) == s.num_accepted_tokens
+        assert s.num_accepted_tokens <= s.num_draft_tokens
+    for r in reqs:
+        emitting_steps = len(r.itl) + 1
+        assert r.num_output_tokens == emitting_steps + r.num_accepted_tokens
+    assert sum(s.num_generated_tokens for s in steps) == sum(map(len, outputs))
+
+
+def test_lookup_takes_the_longest_suffix_and_its_latest_occurrence():
+    context = np.array([5, 1, 2, 3, 9, 9, 1, 2, 3, 7, 1, 2])
+    assert lookup(context, 2, 4, 3) == [3, 7, 1]  # "1 2" last seen before 3 7 1
+    assert lookup(context, 3, 4, 3) == []
+    assert lookup(np.array([4, 4]), 1, 4, 5) == [4]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_ids_equal_without_speculation(replay_dir, reference, k):
+    llm, memory = replay_llm(replay_dir, k)
+    outputs = generate(llm)
+    assert outputs == reference
+    check_statistics(memory, outputs)
+    accepted = sum(s.num_accepted_tokens for s in memory.steps)
+    assert 0 < accepted < sum(s.num_draft_tokens for s in memory.steps)  # both kinds happened
+    assert llm.engine.core.status().num_used_blocks == 0
+
+
+MODES = {
+    "chunked": dict(max_num_batched_tokens=8),
+    "recompute": dict(num_gpu_blocks=6),
+    "swap": dict(num_gpu_blocks=6, preemption="swap", **{"cache.swap_space_gb": 0.01}),
+    "async": dict(async_scheduling=True),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_greedy_ids_equal_in_every_mode(replay_dir, reference, mode):
+    llm, memory = replay_llm(replay_dir, 3, **MODES[mode])
+    outputs = generate(llm)
+    assert outputs == reference
+    check_statistics(memory, outputs)
+    if mode in ("recompute", "swap"):
+        assert sum(s.num_preempted for s in memory.steps) > 0
+    assert llm.engine.core.status().num_used_blocks == 0
+
+
+def test_prefix_hits_with_drafts(replay_dir, reference):
+    """A second run of the same prompts hits the blocks the first cached: only accepted tokens
+    were cached, so the hits hold the right KV and the outputs stay exact."""
+    llm, memory = replay_llm(replay_dir, 3)
+    assert generate(llm) == reference
+    assert generate(llm) == reference
+    assert sum(s.prefix_cache_hits for s in memory.steps) > 0
+
+
+def test_core_process_client(replay_dir, reference):
+    llm, memory = replay_llm(replay_dir, 3, engine_client="mp")
+    try:
+        outputs = generate(llm)
+    finally:
+        llm.engine.shutdown()
+    assert outputs == reference
+    check_statistics(memory, outputs)
+
+
+def test_ngram_on_another_family():
+    plain = generate(LLM("tiny_qwen3"))
+    memory = InMemoryLogger()
+    spec = LLM("tiny_qwen3", speculative="ngram", stat_loggers=[memory],
+               **{"speculative.num_speculative_tokens": 3})
+    outputs = generate(spec)
+    assert outputs == plain
+    check_statistics(memory, outputs)
+
+
+def test_logprobs_are_those_of_the_emitted_tokens(replay_dir, reference):
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    plain = LLM("tiny_llama").generate(PROMPTS, params)
+    llm, _ = replay_llm(replay_dir, 3)
+    spec = llm.generate(PROMPTS, params)
+    for a, b in zip(plain, spec):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert x.keys() == y.keys()
+            for t in x:
+                assert x[t].logprob == pytest.approx(y[t].logprob, abs=1e-4)
+                assert x[t].rank == y[t].rank
+
+
+def test_requests_a_processor_acts_on_get_no_drafts(replay_dir, reference):
+    """Penalties act on one row per request: such a request decodes one token a step (and still
+    gets what the non-speculative engine gives it), the others speculate."""
+    penalised = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True,
+                               repetition_penalty=1.3)
+    plain = LLM("tiny_llama").generate(PROMPTS[:1], penalised)[0].outputs[0].token_ids
+    llm, memory = replay_llm(replay_dir, 3)
+    outs = llm.generate(PROMPTS, [penalised, GREEDY, GREEDY])
+    assert outs[0].outputs[0].token_ids == plain
+    assert [o.outputs[0].token_ids for o in outs[1:]] == reference[1:]
+    by_id = {r.request_id: r for r in memory.requests}
+    assert by_id[outs[0].request_id].num_draft_tokens == 0
+    assert by_id[outs[1].request_id].num_draft_tokens > 0
+
+
+def test_seeded_sampling_is_reproducible(replay_dir):
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=7, max_tokens=16, ignore_eos=True)
+    llm, memory = replay_llm(replay_dir, 3)
+    first = generate(llm, params)
+    assert generate(llm, params) == first
+    assert sum(s.num_draft_tokens for s in memory.steps) > 0
+
+
+def test_bad_options_name_the_field():
+    with pytest.raises(Exception, match="num_speculative_tokens"):
+        LLM("tiny_llama", speculative="ngram", **{"speculative.num_speculative_tokens": 0})
+    with pytest.raises(Exception, match="prompt_lookup_min"):
+        LLM("tiny_llama", speculative="ngram", **{"speculative.prompt_lookup_min": 5})
