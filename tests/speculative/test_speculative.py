@@ -9,6 +9,9 @@ of accepted drafts end in rejections at known places)."""
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -170,3 +173,50 @@ def test_bad_options_name_the_field():
         LLM("tiny_llama", speculative="ngram", **{"speculative.num_speculative_tokens": 0})
     with pytest.raises(Exception, match="prompt_lookup_min"):
         LLM("tiny_llama", speculative="ngram", **{"speculative.prompt_lookup_min": 5})
+
+
+def chi_square_two_samples(a: list, b: list, min_count: int = 10) -> tuple[float, float]:
+    """(statistic, critical value at p = 1e-4) of a two-sample chi-square test that `a` and `b`
+    come from one distribution: categories seen < min_count times in both pooled into one.
+    The critical value is Wilson-Hilferty's approximation of chi2.isf(1e-4, df)."""
+    ca, cb = Counter(a), Counter(b)
+    big = [c for c in ca.keys() | cb.keys() if ca[c] + cb[c] >= min_count]
+    rest = (len(a) - sum(ca[c] for c in big), len(b) - sum(cb[c] for c in big))
+    cells = [(ca[c], cb[c]) for c in big] + ([rest] if sum(rest) else [])
+    na, nb = len(a), len(b)
+    stat = 0.0
+    for x, y in cells:
+        ea, eb = na * (x + y) / (na + nb), nb * (x + y) / (na + nb)
+        stat += (x - ea) ** 2 / ea + (y - eb) ** 2 / eb
+    df = len(cells) - 1
+    z = 3.719  # the standard normal's 1 - 1e-4 quantile
+    return stat, df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_sampled_tokens_follow_the_target(tmp_path):
+    """Temperature 1 with top-p: the tokens a speculative engine emits are distributed as the
+    plain engine's, both where the draft (the greedy continuation) is accepted and where it is
+    resampled — token 2 overall, and token 3 after the accepted first draft (600 seeded requests
+    each; a two-sample chi-square test at p = 1e-4)."""
+    prompt, n = [5, 6, 7, 8, 9, 10, 5, 6, 7], 600
+
+    def run(llm: LLM, seed0: int) -> list[tuple[int, ...]]:
+        params = [SamplingParams(temperature=1.0, top_p=0.9, seed=seed0 + i, max_tokens=3,
+                                 ignore_eos=True) for i in range(n)]
+        return [tuple(o.outputs[0].token_ids) for o in llm.generate([prompt] * n, params)]
+
+    plain = LLM("tiny_llama", max_num_seqs=256)
+    greedy = plain.generate([prompt], GREEDY)[0].outputs[0].token_ids
+    a = run(plain, 0)
+    write_replay_option(tmp_path, [prompt + greedy], 2, wrong_every=10**6)
+    memory = InMemoryLogger()
+    b = run(LLM("tiny_llama", max_num_seqs=256, speculative="replay", config_path=[tmp_path],
+                stat_loggers=[memory]), 10**6)
+    accepted = sum(s.num_accepted_tokens for s in memory.steps)
+    assert 0 < accepted < sum(s.num_draft_tokens for s in memory.steps)
+    stat, critical = chi_square_two_samples([t[1] for t in a], [t[1] for t in b])
+    assert stat < critical
+    after = greedy[1]
+    stat, critical = chi_square_two_samples([t[2] for t in a if t[1] == after],
+                                            [t[2] for t in b if t[1] == after])
+    assert stat < critical
