@@ -64,10 +64,12 @@ def run_setup(engine: LLMEngine) -> dict[str, str]:
     (its `name`, else its target's), the engine client, the core's torch threads and the
     commit (the composed config, so a model an option switched to is the one named)."""
     from hydra.utils import get_object
+    from omegaconf import OmegaConf
 
     from lab.config.dtypes import resolve_dtype_name
     from lab.engine.builder import core_cpu_threads
     from lab.platform import resolve_device, source_commit
+    from lab.speculative.base import SpecConfig
 
     cfg = engine.cfg
     model = cfg.model.get("name") or Path(str(cfg.model.get("path"))).name
@@ -83,6 +85,10 @@ def run_setup(engine: LLMEngine) -> dict[str, str]:
         import torch
 
         threads = torch.get_num_threads()
+    spec = SpecConfig.of(OmegaConf.to_container(cfg.speculative, resolve=True)
+                         if cfg.get("speculative") else None)
+    setup["speculative"] = (f"{spec.name} k={spec.num_speculative_tokens}"
+                            if spec.num_speculative_tokens else "none")
     setup |= {"engine_client": str(cfg.engine_client), "threads": str(threads),
               "commit": source_commit()}
     return setup

@@ -42,6 +42,7 @@ class ConsoleLogger(StatLogger):
         self._queries = 0  # since the start
         self._hits = 0
         self._preemptions = 0
+        self._spec = [0, 0, 0]  # since the last line: verifications, drafts, accepted
 
     # -- StatLogger ----------------------------------------------------------------------------
     def on_start(self, run_dir: Path, config=None, total_requests=None) -> None:
@@ -61,6 +62,8 @@ class ConsoleLogger(StatLogger):
         self._queries += stats.prefix_cache_queries
         self._hits += stats.prefix_cache_hits
         self._preemptions += stats.num_preempted
+        self._spec = [self._spec[0] + stats.num_spec_reqs, self._spec[1] + stats.num_draft_tokens,
+                      self._spec[2] + stats.num_accepted_tokens]
         if self._bar is not None and not self._bar.disable:
             self._bar.set_postfix(
                 run=stats.num_running_reqs, wait=stats.num_waiting_reqs,
@@ -71,6 +74,7 @@ class ConsoleLogger(StatLogger):
             self._emit(self.format_line(stats, elapsed))
             self._last_log_time = stats.time
             self._prompt_tokens = self._gen_tokens = 0
+            self._spec = [0, 0, 0]
 
     def on_request(self, stats: RequestStats) -> None:
         self._ensure_bar()
@@ -99,6 +103,7 @@ class ConsoleLogger(StatLogger):
             f"Waiting: {stats.num_waiting_reqs} reqs, "
             f"KV cache usage: {100 * stats.kv_cache_usage:.1f}%, "
             f"Prefix cache hit rate: {hit_rate:.1f}%, Preemptions: {self._preemptions}"
+            + spec_text(*self._spec)
         )
 
     def _ensure_bar(self) -> None:
@@ -145,12 +150,30 @@ def summary_table(s: RunSummary) -> Table:
         ("swapped out / in", f"{s.swap_out_blocks} / {s.swap_in_blocks} blocks "
          f"({s.swap_out_bytes / 2**20:.1f} / {s.swap_in_bytes / 2**20:.1f} MiB), "
          f"{s.num_swap_fallbacks} fallbacks"),
+        *([("speculative", spec_summary_text(s))] if s.spec_num_drafts else []),
         ("steps / mean batch", f"{s.num_steps} / {_num(s.mean_batch_size)}"),
     ]
     rows[5:5] = priority_rows(s)  # after the overall TTFT
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def spec_text(verifications: int, drafts: int, accepted: int) -> str:
+    """The periodic line's speculative part (vLLM's SpecDecoding metrics); '' without drafts."""
+    if not verifications:
+        return ""
+    return (f", Spec decode: mean acceptance length {1 + accepted / verifications:.2f}, "
+            f"accepted {accepted} / drafted {drafts} tokens "
+            f"({100 * accepted / max(drafts, 1):.1f}%)")
+
+
+def spec_summary_text(s: RunSummary) -> str:
+    """acceptance rate, mean acceptance length and per-position rates of a run with drafts."""
+    per_position = ", ".join(f"{r:.2f}" for r in s.spec_acceptance_per_position)
+    return (f"{_pct(s.spec_acceptance_rate)} of {s.spec_num_draft_tokens} drafts accepted, "
+            f"mean acceptance length {_num(s.spec_mean_acceptance_length)}, "
+            f"per position {per_position}")
 
 
 def priority_rows(s: RunSummary) -> list[tuple[str, str]]:

@@ -11,7 +11,10 @@ OpenAI-compatible server can expose it and two engines in a process do not colli
     gauges      lab:num_requests_running, lab:num_requests_waiting, lab:num_requests_swapped,
                 lab:kv_cache_usage_perc (a fraction 0..1, as in vLLM)
     counters    lab:prefix_cache_queries, lab:prefix_cache_hits (tokens), lab:num_preemptions,
-                lab:prompt_tokens, lab:generation_tokens, lab:request_success{finished_reason}
+                lab:prompt_tokens, lab:generation_tokens, lab:request_success{finished_reason},
+                lab:spec_decode_num_drafts, lab:spec_decode_num_draft_tokens,
+                lab:spec_decode_num_accepted_tokens,
+                lab:spec_decode_num_accepted_tokens_per_pos{position}
                 (exposed with the `_total` suffix)
     histograms  lab:time_to_first_token_seconds, lab:time_per_output_token_seconds,
                 lab:inter_token_latency_seconds, lab:e2e_request_latency_seconds,
@@ -64,6 +67,14 @@ class LabMetrics:
         self.prompt_tokens = make(Counter, "prompt_tokens", "Prefill tokens processed.")
         self.generation_tokens = make(Counter, "generation_tokens", "Tokens generated.")
         self._success = make(Counter, "request_success", "Finished requests.", ["finished_reason"])
+        self.spec_drafts = make(Counter, "spec_decode_num_drafts",
+                                "Speculative verifications (a request's step with drafts).")
+        self.spec_draft_tokens = make(Counter, "spec_decode_num_draft_tokens",
+                                      "Draft tokens verified.")
+        self.spec_accepted = make(Counter, "spec_decode_num_accepted_tokens",
+                                  "Draft tokens accepted.")
+        self._spec_per_pos = make(Counter, "spec_decode_num_accepted_tokens_per_pos",
+                                  "Draft tokens accepted at each draft position.", ["position"])
         self.model_name = model_name
         hist = {"ttft": ("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS),
                 "tpot": ("time_per_output_token_seconds", "Time per output token after the "
@@ -101,6 +112,12 @@ class LabMetrics:
         self.preemptions.inc(s.num_preempted)
         self.prompt_tokens.inc(s.num_prefill_tokens)
         self.generation_tokens.inc(s.num_generated_tokens)
+        if s.num_spec_reqs:
+            self.spec_drafts.inc(s.num_spec_reqs)
+            self.spec_draft_tokens.inc(s.num_draft_tokens)
+            self.spec_accepted.inc(s.num_accepted_tokens)
+            for position, n in enumerate(s.accepted_per_position):
+                self._spec_per_pos.labels(self.model_name, str(position)).inc(n)
         if s.num_scheduled_tokens > 0:
             self.hist["iteration"].observe(s.num_scheduled_tokens)
 

@@ -80,6 +80,16 @@ class RunSummary:
     swap_out_bytes: int = 0
     swap_in_bytes: int = 0
     num_swap_fallbacks: int = 0
+    # speculative decoding (lab/speculative; vLLM's spec-decode metrics): verifications (a
+    # request's step with drafts), drafts verified and accepted, accepted / drafted, the mean
+    # tokens a verification emits (1 + accepted / verifications) and the acceptance rate at each
+    # draft position (accepted there / verifications); None / [] without drafts
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_acceptance_rate: float | None = None
+    spec_mean_acceptance_length: float | None = None
+    spec_acceptance_per_position: list[float] = field(default_factory=list)
     num_steps: int = 0
     mean_batch_size: float | None = None  # scheduled requests per step that scheduled any
     slo_ttft_s: float | None = None  # the SLO bounds goodput was measured against (None: none)
@@ -218,6 +228,23 @@ def _fill_steps(
     s.num_swap_fallbacks = sum(st.num_swap_fallbacks for st in steps)
     batches = [st.num_scheduled_reqs for st in steps if st.num_scheduled_reqs > 0]
     s.mean_batch_size = float(np.mean(batches)) if batches else None
+    _fill_spec(s, steps)
+
+
+def _fill_spec(s: RunSummary, steps: Sequence[StepStats]) -> None:
+    """Speculative decoding's totals and rates (RunSummary's spec_* fields)."""
+    s.spec_num_drafts = sum(st.num_spec_reqs for st in steps)
+    s.spec_num_draft_tokens = sum(st.num_draft_tokens for st in steps)
+    s.spec_num_accepted_tokens = sum(st.num_accepted_tokens for st in steps)
+    if not s.spec_num_drafts:
+        return
+    s.spec_acceptance_rate = s.spec_num_accepted_tokens / max(s.spec_num_draft_tokens, 1)
+    s.spec_mean_acceptance_length = 1 + s.spec_num_accepted_tokens / s.spec_num_drafts
+    per_position = [0] * max(len(st.accepted_per_position) for st in steps)
+    for st in steps:
+        for j, n in enumerate(st.accepted_per_position):
+            per_position[j] += n
+    s.spec_acceptance_per_position = [n / s.spec_num_drafts for n in per_position]
 
 
 def _describe(values: list[float]) -> dict[str, float | None]:

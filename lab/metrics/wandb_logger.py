@@ -31,6 +31,7 @@ wandb is imported only when this logger starts a run.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import netrc
 import os
@@ -50,6 +51,8 @@ STEP_METRIC = "engine/step"
 # StepStats fields that are states (the window's last value); every other number is a count.
 GAUGES = frozenset({"step", "time", "num_running_reqs", "num_waiting_reqs", "num_swapped_reqs",
                     "kv_cache_usage", "kv_blocks_used", "kv_blocks_total"})
+# step fields that are a list of counts (summed when steps merge): per draft position
+COUNT_LISTS = frozenset({"accepted_per_position"})
 KV_FIELDS = frozenset({"kv_cache_usage", "kv_blocks_used", "kv_blocks_total",
                        "prefix_cache_queries", "prefix_cache_hits", "num_evicted_blocks",
                        "swap_out_blocks", "swap_in_blocks", "swap_out_bytes", "swap_in_bytes",
@@ -105,6 +108,9 @@ def merge_steps(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             out[key] = merged
         elif isinstance(value, int | float):
             out[key] = a.get(key, 0) + value
+        elif key in COUNT_LISTS:  # counts per position: summed position by position
+            before = a.get(key) or []
+            out[key] = [x + y for x, y in itertools.zip_longest(before, value, fillvalue=0)]
     return out
 
 
@@ -121,6 +127,9 @@ def wandb_step_record(record: dict[str, Any]) -> dict[str, float]:
         elif key == "kv_blocks_used_per_group":  # a state per KV cache group: the last step's
             for group, v in enumerate(value):
                 out[f"{section}/{key}/{group}"] = v
+        elif key in COUNT_LISTS:
+            for position, v in enumerate(value):
+                out[f"spec/{key}/{position}"] = v
         elif isinstance(value, int | float) and not isinstance(value, bool):
             out[f"{section}/{key}"] = value
     return out

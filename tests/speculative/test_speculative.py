@@ -18,6 +18,9 @@ import pytest
 from lab.core.sampling_params import SamplingParams
 from lab.engine.llm import LLM
 from lab.metrics import InMemoryLogger
+from lab.metrics.console import spec_summary_text
+from lab.metrics.prometheus import PrometheusLogger
+from lab.metrics.stats import summarize
 from lab.speculative.ngram import lookup
 from tests.speculative.replay import write_replay_option
 
@@ -220,3 +223,29 @@ def test_sampled_tokens_follow_the_target(tmp_path):
     stat, critical = chi_square_two_samples([t[2] for t in a if t[1] == after],
                                             [t[2] for t in b if t[1] == after])
     assert stat < critical
+
+
+def test_statistics_reach_the_summary_console_and_prometheus(replay_dir):
+    prom = PrometheusLogger("m", textfile=None)
+    path, sequences = replay_dir
+    write_replay_option(path / "k2", sequences, 2)
+    memory = InMemoryLogger()
+    llm = LLM("tiny_llama", stat_loggers=[memory, prom], config_path=[path / "k2"],
+              speculative="replay")
+    generate(llm)
+    steps = memory.steps
+    drafted = sum(s.num_draft_tokens for s in steps)
+    accepted = sum(s.num_accepted_tokens for s in steps)
+    verifications = sum(s.num_spec_reqs for s in steps)
+    summary = summarize(steps, memory.requests, 1.0)
+    assert (summary.spec_num_draft_tokens, summary.spec_num_accepted_tokens) == (drafted, accepted)
+    assert summary.spec_acceptance_rate == pytest.approx(accepted / drafted)
+    assert summary.spec_mean_acceptance_length == pytest.approx(1 + accepted / verifications)
+    assert sum(summary.spec_acceptance_per_position) == pytest.approx(accepted / verifications)
+    assert "mean acceptance length" in spec_summary_text(summary)
+    text = prom.exposition()
+    assert f'lab:spec_decode_num_draft_tokens_total{{model_name="m"}} {float(drafted)}' in text
+    assert f'lab:spec_decode_num_accepted_tokens_total{{model_name="m"}} {float(accepted)}' in text
+    first = sum(s.accepted_per_position[0] for s in steps)
+    assert (f'lab:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",position="0"}} '
+            f"{float(first)}") in text
