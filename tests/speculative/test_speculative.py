@@ -91,6 +91,12 @@ MODES = {
     "recompute": dict(num_gpu_blocks=6),
     "swap": dict(num_gpu_blocks=6, preemption="swap", **{"cache.swap_space_gb": 0.01}),
     "async": dict(async_scheduling=True),
+    "async-swap": dict(async_scheduling=True, num_gpu_blocks=6, preemption="swap",
+                       **{"cache.swap_space_gb": 0.01}),
+    "reserve": dict(num_gpu_blocks=6, preemption="reserve"),
+    "priority": dict(num_gpu_blocks=6, scheduler="priority"),
+    "fair": dict(num_gpu_blocks=6, scheduler="fair"),
+    "sjf": dict(scheduler="sjf"),
 }
 
 
@@ -100,7 +106,7 @@ def test_greedy_ids_equal_in_every_mode(replay_dir, reference, mode):
     outputs = generate(llm)
     assert outputs == reference
     check_statistics(memory, outputs)
-    if mode in ("recompute", "swap"):
+    if mode in ("recompute", "swap", "async-swap"):
         assert sum(s.num_preempted for s in memory.steps) > 0
     assert llm.engine.core.status().num_used_blocks == 0
 
