@@ -255,3 +255,16 @@ def test_statistics_reach_the_summary_console_and_prometheus(replay_dir):
     first = sum(s.accepted_per_position[0] for s in steps)
     assert (f'lab:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",position="0"}} '
             f"{float(first)}") in text
+
+
+@pytest.mark.parametrize(("model", "attention"), [
+    ("tiny_llama", "cpu"), ("tiny_gpt_oss", "torch"),  # the C++ decode kernel; a hybrid cache
+    pytest.param("tiny_llama", "triton_flash", marks=pytest.mark.slow),  # the interpreter
+    pytest.param("tiny_deepseek", "triton_mla", marks=pytest.mark.slow),
+])
+def test_backends_verify_several_tokens_per_request(tmp_path, model, attention):
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    plain = generate(LLM(model, attention=attention), params, PROMPTS[:2])
+    write_replay_option(tmp_path, [p + out for p, out in zip(PROMPTS, plain)], 3)
+    llm = LLM(model, attention=attention, speculative="replay", config_path=[tmp_path])
+    assert generate(llm, params, PROMPTS[:2]) == plain
