@@ -245,9 +245,7 @@ class ModelRunner:
                                  dtype=torch.int64, device=logits.device)
         result = self.sampler.verify(logits, meta, drafts.tolist(), draft_ids,
                                      self.rejection_sample)
-        tokens = result.tokens
-        if tokens.shape[1] < width:  # (the sampler's width is the batch's most drafts + 1)
-            raise AssertionError("rejection sampler returned too few columns")
+        tokens = result.tokens  # [n, width]: the other ranks receive it by that shape
         self.tp.broadcast(tokens)
         lists = tokens.tolist()
         idx = self._append_emitted(kept, lists)
@@ -313,10 +311,11 @@ class ModelRunner:
             rejected = np.where(batch.sampled, np.maximum(drafts + 1 - emitted, 0), 0)
         states = self.row_states.items[:n]
         serve = np.fromiter((s.speculates for s in states), dtype=bool, count=n)
-        # the next step computes positions num_tokens - 1 .. num_tokens - 1 + drafts, and a
-        # request emits at most its max_tokens: drafts past its last token are never kept
+        # the next step computes positions num_tokens - 1 .. num_tokens - 1 + drafts, which the
+        # scheduler keeps below max_model_len - 1, and a request emits at most its max_tokens:
+        # drafts past either are never verified
         left = np.fromiter((_tokens_left(s) for s in states), dtype=np.int64, count=n)
-        room = np.minimum(np.maximum(self.max_model_len - num_tokens, 0),
+        room = np.minimum(np.maximum(self.max_model_len - 1 - num_tokens, 0),
                           np.maximum(left - 1, 0))
         k = self.proposer.num_speculative_tokens
         inputs = ProposeInputs(

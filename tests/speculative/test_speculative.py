@@ -268,3 +268,13 @@ def test_backends_verify_several_tokens_per_request(tmp_path, model, attention):
     write_replay_option(tmp_path, [p + out for p, out in zip(PROMPTS, plain)], 3)
     llm = LLM(model, attention=attention, speculative="replay", config_path=[tmp_path])
     assert generate(llm, params, PROMPTS[:2]) == plain
+
+
+def test_drafts_stop_at_the_context_limit(replay_dir, reference):
+    """Requests that run into max_model_len end there as without drafts (drafts are capped so
+    the verified positions stay inside the context)."""
+    llm, memory = replay_llm(replay_dir, 5, max_model_len=32)
+    outputs = generate(llm)
+    assert outputs == [ref[: 32 - len(p)] for p, ref in zip(PROMPTS, reference)]
+    assert {r.finish_reason for r in memory.requests} == {"length"}
+    check_statistics(memory, outputs)
