@@ -41,6 +41,10 @@ class BlockTable:
         self.num_blocks_per_row[row] = 0
         self.append_row(row, block_ids)
 
+    def truncate_row(self, row: int, num_blocks: int) -> None:
+        """Keep the first `num_blocks` blocks of `row` (all of them if it has fewer)."""
+        self.num_blocks_per_row[row] = min(int(self.num_blocks_per_row[row]), num_blocks)
+
     def clear_row(self, row: int) -> None:
         """Empty `row`."""
         self.num_blocks_per_row[row] = 0
@@ -101,6 +105,11 @@ class GroupBlockTables:
         self._check(block_ids)
         for table, ids in zip(self.tables, block_ids):
             table.add_row(row, ids)
+
+    def truncate_row(self, row: int, num_blocks: int) -> None:
+        """Keep the first `num_blocks` blocks of `row` in each group."""
+        for table in self.tables:
+            table.truncate_row(row, num_blocks)
 
     def clear_row(self, row: int) -> None:
         for table in self.tables:

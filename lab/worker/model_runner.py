@@ -384,7 +384,7 @@ class ModelRunner:
         for cached in sched.scheduled_cached_reqs:  # the hot loop: one per running request
             state = states[cached.req_id]
             state.num_computed = cached.num_computed_tokens
-            if cached.resumed_from_preemption or any(cached.new_block_ids):
+            if cached.resumed_from_preemption or cached.trimmed or any(cached.new_block_ids):
                 self._update_blocks(state, cached)
             i = index.get(cached.req_id)
             if i is not None:  # in the batch: the scheduler's count is the truth
@@ -434,13 +434,17 @@ class ModelRunner:
         self._take_row(state, new.block_ids)
 
     def _update_blocks(self, state: CachedRequestState, cached: CachedRequestData) -> None:
-        """A resumed request takes a fresh row with its new blocks; another appends them."""
+        """A resumed request takes a fresh row with its new blocks; another appends them, after
+        dropping the blocks the scheduler freed past its computed tokens (`trimmed`)."""
         if cached.resumed_from_preemption:
             if state.row is not None:
                 self._release_row(state)
             self._take_row(state, cached.new_block_ids)
-        else:
-            self.block_table.append_row(state.row, cached.new_block_ids)
+            return
+        if cached.trimmed:
+            keep = -(-cached.num_computed_tokens // self.block_size)
+            self.block_table.truncate_row(state.row, keep)
+        self.block_table.append_row(state.row, cached.new_block_ids)
 
     def _take_row(self, state: CachedRequestState, block_ids: tuple[list[int], ...]) -> None:
         state.row = self.free_rows.pop()
