@@ -172,8 +172,8 @@ class ModelRunner:
                 self._sample(req_ids, batch, logits, out)
             else:
                 self._receive_sampled(batch)
-            if self.proposer is not None:
-                self._propose(req_ids, batch, rows, hidden, drafts, out)
+        if self.proposer is not None:  # a step of prompt chunks only too: a draft's KV of them
+            self._propose(req_ids, batch, rows, hidden, drafts, out)
         self.buffers.fence.record()
         return out if self.samples else ModelRunnerOutput()
 
