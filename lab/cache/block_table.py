@@ -94,6 +94,14 @@ class GroupBlockTables:
     def __len__(self) -> int:
         return len(self.tables)
 
+    def group(self, group: int) -> GroupBlockTables:
+        """One group's table as a GroupBlockTables of its own, shared (not copied), so it
+        follows every row change: e.g. the block table a draft model's KV is paged by."""
+        view = GroupBlockTables.__new__(GroupBlockTables)
+        view.tables = [self.tables[group]]
+        view.max_blocks_per_req = self.max_blocks_per_req
+        return view
+
     def append_row(self, row: int, block_ids: Sequence[Sequence[int]]) -> None:
         """Append each group's new block ids to `row`."""
         self._check(block_ids)

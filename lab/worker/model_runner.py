@@ -45,7 +45,7 @@ from lab.layers.ops import LayerOps
 from lab.logits_processors.base import LogitsProcessor
 from lab.sampling.metadata import make_generator
 from lab.sampling.sampler import LogprobsTensors, Sampler
-from lab.speculative.base import ProposeInputs, Proposer
+from lab.speculative.base import KVBinding, ProposeInputs, Proposer
 from lab.worker.buffers import InputBuffers
 from lab.worker.cudagraph import PaddedDecode, padding_applies
 from lab.worker.inputs import (
@@ -120,12 +120,21 @@ class ModelRunner:
                                  else rejection_sample_ref)
         self.proposer = proposer if self.samples else None
 
-    def initialize_cache(self, kv_cache: KVCache, swapper: BlockSwapper | None = None) -> None:
-        """Hold the cache the backend allocated (its layers and, for fp8, its scales), and
-        set up the padded decode path if it applies (lab/worker/cudagraph.py)."""
+    def initialize_cache(self, kv_cache: KVCache, swapper: BlockSwapper | None = None,
+                         num_blocks: int = 0) -> None:
+        """Hold the cache the backend allocated (its layers and, for fp8, its scales) of
+        `num_blocks` blocks, set up the padded decode path if it applies
+        (lab/worker/cudagraph.py), and let the proposer bind its own KV to the blocks."""
         self.kv_caches, self.kv_scales = kv_cache.layers, kv_cache.scales
         self.swapper = swapper
         self.padded = self._padded_decode()
+        if self.proposer is not None:
+            self.proposer.bind_kv(KVBinding(
+                token_ids=self.token_ids, block_table=self.block_table.group(0),
+                num_blocks=num_blocks, kv_dtype=kv_cache.layers[0].dtype,
+                block_size=self.block_size, max_model_len=self.max_model_len,
+                max_num_reqs=self.token_ids.shape[0], max_num_tokens=self.buffers.max_num_tokens,
+                device=self.device))
 
     def _padded_decode(self) -> PaddedDecode | None:
         if not self.cudagraph_sizes or not padding_applies(
