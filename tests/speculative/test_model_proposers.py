@@ -1,6 +1,6 @@
-"""The model-based proposers through the real engine: a draft model (`speculative=draft`).
-Greedy outputs equal the run without speculation (the rejection sampler keeps the target's
-distribution, whatever the drafts); the drafts equal
+"""The model-based proposers through the real engine: a draft model (`speculative=draft`) and
+DeepSeek-V3's MTP layers (`speculative=mtp`). Greedy outputs equal the run without speculation
+(the rejection sampler keeps the target's distribution, whatever the drafts); the drafts equal
 a reference computed over the whole sequence at once (so the proposer's own KV, written step by
 step in the target's blocks, is right); the target drafting for itself gets every draft
 accepted, also with chunked prefill and preemption; the refusals name what to change."""
@@ -18,9 +18,11 @@ from lab.config.validate import check_speculative
 from lab.core.sampling_params import SamplingParams
 from lab.engine.llm import LLM
 from lab.metrics import InMemoryLogger
+from lab.models.deepseek_mtp import load_mtp
 from lab.models.loader import load_model
 from lab.models.tiny import ensure_tiny_model
 from lab.speculative.draft import DraftModelProposer
+from lab.speculative.mtp import MTPProposer, check_mtp_checkpoint
 from tests.models.prefill import scattered_table, sequence_inputs
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [3, 4, 5], list(range(20, 45))]
@@ -87,6 +89,21 @@ def greedy_drafts(model, backend, tokens: list[int], k: int) -> list[int]:
                              torch.arange(len(ids)))
         ids.append(int(model.compute_logits(hidden[-1:]).argmax()))
     return ids[len(tokens):]
+
+
+def mtp_drafts(target, mtp, backend, tokens: list[int], k: int) -> list[int]:
+    """The MTP's k drafts after `tokens` (vLLM's scheme): position p reads the target's hidden
+    at p and the token at p + 1; each further draft one position on, with its own previous
+    output as the hidden state and the draft before as the token."""
+    hidden = one_forward(target, backend, target.num_layers, torch.tensor(tokens),
+                         torch.arange(len(tokens)))
+    ids, previous, drafts = tokens[1:], hidden[:-1], []
+    for j in range(k):
+        out = one_forward(mtp, backend, mtp.num_kv_layers, torch.tensor(ids),
+                          torch.arange(len(ids)), previous, step=j)
+        drafts.append(int(mtp.compute_logits(out[-1:], step=j).argmax()))
+        ids, previous = ids + drafts[-1:], torch.cat((previous, out[-1:]))
+    return drafts
 
 
 def check_against(records, reference, min_records: int) -> None:
@@ -164,7 +181,7 @@ def test_sliding_window_group_zero_is_refused():
         LLM(model="tiny_mistral_sw", speculative="draft")
 
 
-@pytest.mark.parametrize("option", ["draft"])
+@pytest.mark.parametrize("option", ["draft", "mtp"])
 def test_tensor_parallel_is_refused(option):
     cfg = set_knobs(compose_config([f"speculative={option}", "executor=multiproc"]),
                     {"tensor_parallel_size": 2})
@@ -172,3 +189,37 @@ def test_tensor_parallel_is_refused(option):
                                          "tensor_parallel_size=2"):
         check_speculative(cfg)
     check_speculative(set_knobs(cfg, {"tensor_parallel_size": 1}))
+
+
+# -- speculative=mtp -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def deepseek_reference():
+    return generate("tiny_deepseek_mtp")[0]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_mtp_drafts_follow_the_target_hidden_states(deepseek_reference, recorded, k):
+    records = recorded(MTPProposer)
+    outputs, steps, _ = generate("tiny_deepseek_mtp", speculative="mtp",
+                                 **{"speculative.num_speculative_tokens": k})
+    assert outputs == deepseek_reference
+    assert drafted(steps)[0] > 0
+    path = ensure_tiny_model("tiny_deepseek_mtp")
+    backend = TorchAttentionBackend()
+    target, cfg = load_model(path, backend, torch.float32, "cpu")
+    mtp = load_mtp(path, cfg, backend, torch.float32, "cpu")
+    check_against(records[::4], lambda tokens: mtp_drafts(target, mtp, backend, tokens, k), 5)
+
+
+def test_mtp_needs_mtp_layers():
+    with pytest.raises(ValueError, match=r"speculative=mtp needs .*\(LlamaForCausalLM, "
+                                         r"num_nextn_predict_layers=0\) has none"):
+        LLM(model="tiny_llama", speculative="mtp")
+    # tiny_deepseek_v3: transformers' config says one MTP layer, the checkpoint has none
+    from transformers import AutoConfig
+
+    path = ensure_tiny_model("tiny_deepseek_v3")
+    cfg = AutoConfig.from_pretrained(path)
+    assert cfg.num_nextn_predict_layers == 1
+    with pytest.raises(ValueError, match=r"model.layers.3.\*"):
+        check_mtp_checkpoint(path, cfg)
