@@ -41,6 +41,10 @@ class BlockTable:
         self.num_blocks_per_row[row] = 0
         self.append_row(row, block_ids)
 
+    def truncate_row(self, row: int, num_blocks: int) -> None:
+        """Keep the first `num_blocks` blocks of `row` (all of them if it has fewer)."""
+        self.num_blocks_per_row[row] = min(int(self.num_blocks_per_row[row]), num_blocks)
+
     def clear_row(self, row: int) -> None:
         """Empty `row`."""
         self.num_blocks_per_row[row] = 0
@@ -90,6 +94,14 @@ class GroupBlockTables:
     def __len__(self) -> int:
         return len(self.tables)
 
+    def group(self, group: int) -> GroupBlockTables:
+        """One group's table as a GroupBlockTables of its own, shared (not copied), so it
+        follows every row change: e.g. the block table a draft model's KV is paged by."""
+        view = GroupBlockTables.__new__(GroupBlockTables)
+        view.tables = [self.tables[group]]
+        view.max_blocks_per_req = self.max_blocks_per_req
+        return view
+
     def append_row(self, row: int, block_ids: Sequence[Sequence[int]]) -> None:
         """Append each group's new block ids to `row`."""
         self._check(block_ids)
@@ -101,6 +113,11 @@ class GroupBlockTables:
         self._check(block_ids)
         for table, ids in zip(self.tables, block_ids):
             table.add_row(row, ids)
+
+    def truncate_row(self, row: int, num_blocks: int) -> None:
+        """Keep the first `num_blocks` blocks of `row` in each group."""
+        for table in self.tables:
+            table.truncate_row(row, num_blocks)
 
     def clear_row(self, row: int) -> None:
         for table in self.tables:

@@ -50,13 +50,15 @@ def validate_knobs(cfg: DictConfig) -> None:
 
 def check_components(cfg: DictConfig) -> None:
     """What the chosen components and this machine allow: the attention backend's block sizes
-    (when the executor runs a model), the executor's ranks, the device, compile's limits."""
+    (when the executor runs a model), the executor's ranks, the device, compile's limits, the
+    speculative proposer's ranks."""
     executor = get_class(cfg.executor._target_)
     if executor.runs_kernels:
         get_class(cfg.attention._target_).check_block_size(cfg.block_size)
         check_device(cfg)
     check_parallel_executor(cfg)
     check_compile(cfg)
+    check_speculative(cfg)
 
 
 def check_device(cfg: DictConfig) -> None:
@@ -78,6 +80,19 @@ def check_compile(cfg: DictConfig) -> None:
         raise ValueError(f"compile=true is invalid with tensor_parallel_size="
                          f"{cfg.tensor_parallel_size}: the compiled forward runs one rank; use "
                          "compile=false")
+
+
+def check_speculative(cfg: DictConfig) -> None:
+    """A proposer that runs its model on one rank (`single_rank_only`: a draft model, MTP)
+    needs tensor_parallel_size 1."""
+    target = (cfg.get("speculative") or {}).get("_target_")
+    if not target or cfg.tensor_parallel_size == 1:
+        return
+    proposer = get_class(target)
+    if getattr(proposer, "single_rank_only", False):
+        raise ValueError(f"speculative={proposer.name} is invalid with tensor_parallel_size="
+                         f"{cfg.tensor_parallel_size}: its model runs on one rank; use "
+                         "tensor_parallel_size=1 or speculative=ngram")
 
 
 def check_parallel_executor(cfg: DictConfig) -> None:

@@ -24,12 +24,16 @@ class CachedRequestData:
     """A delta for a request the worker already holds.
 
     resumed_from_preemption: the block ids replace the old ones instead of being appended.
+    trimmed: since it was last scheduled, the scheduler freed its blocks past its computed tokens
+    (rejected drafts' and lookahead slots, speculative decoding): the worker keeps the first
+    cdiv(num_computed_tokens, block_size) of each group before appending the new ones.
     """
 
     req_id: str
     new_block_ids: tuple[list[int], ...]  # one list per KV cache group
     num_computed_tokens: int
     resumed_from_preemption: bool = False
+    trimmed: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ Speculative decoding (lab/speculative): a running request may end with drafts
 (`spec_token_ids`, set from the previous step's ModelRunnerOutput). They are owed like any
 token and count against the budget; a step that cannot schedule them all schedules a prefix.
 After the step the rejected ones are taken back: num_computed_tokens steps back over them and
-the blocks past the computed tokens are freed (`KVCacheManager.trim`); only accepted tokens ever
-reach the prefix cache. The emitted tokens are appended one by one with a stop check after each,
-so a stop inside an accepted run ends the request there.
+the blocks past the computed tokens are freed (`KVCacheManager.trim`; the worker drops them from
+its block table when the request is next scheduled: CachedRequestData.trimmed); only accepted
+tokens ever reach the prefix cache. The emitted tokens are appended one by one with a stop check
+after each, so a stop inside an accepted run ends the request there.
 """
 
 from __future__ import annotations
@@ -147,6 +148,9 @@ class Scheduler(StepRecovery):
         # the step ran); the Request objects, as an id may be reused once its request ended
         self._steps: dict[int, dict[str, tuple[Request, int]]] = {}
         self._step_ids = itertools.count(1)
+        # requests whose blocks past their computed tokens were freed (KVCacheManager.trim)
+        # since they were last scheduled: the worker's block table must drop them too
+        self._trimmed: set[str] = set()
 
     # -- requests in and out -------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -393,9 +397,12 @@ class Scheduler(StepRecovery):
                     rid, req.prompt_token_ids, req.sampling_params,
                     plan.new_blocks[rid], req.num_computed_tokens))
             else:
+                trimmed = rid in self._trimmed
+                if trimmed:
+                    self._trimmed.discard(rid)
                 out.scheduled_cached_reqs.append(CachedRequestData(
                     rid, plan.new_blocks[rid], req.num_computed_tokens,
-                    resumed_from_preemption=rid in plan.resumed))
+                    resumed_from_preemption=rid in plan.resumed, trimmed=trimmed))
             chunks.append((plan.num_tokens[rid], req.num_computed_tokens,
                            self._num_tokens_ahead(req)))
             self._take_drafts(req, plan.num_tokens[rid], out)
@@ -478,7 +485,8 @@ class Scheduler(StepRecovery):
         rejected = num_drafts - num_accepted
         if req.status == RequestStatus.RUNNING:
             req.num_computed_tokens -= rejected
-            self.kv.trim(req, req.num_computed_tokens)
+            if self.kv.trim(req, req.num_computed_tokens):
+                self._trimmed.add(req.request_id)  # told to the worker when next scheduled
         return computed - rejected
 
     def _append_tokens(self, req: Request, tokens: list[int], result: ModelRunnerOutput,
@@ -539,6 +547,7 @@ class Scheduler(StepRecovery):
         req.status = status
         req.times.finished = self.clock()
         self.kv.release(req)
+        self._trimmed.discard(req.request_id)
         self.finished_req_ids.add(req.request_id)
         del self.requests[req.request_id]
 

@@ -22,6 +22,22 @@ speculative/ (lab/conf, or a plug-in's):
 
 and runs with `python run.py speculative=ngram speculative.num_speculative_tokens=5`.
 
+The options (lab/conf/speculative):
+
+    none    no drafts
+    ngram   prompt lookup: the tokens that followed the request's last n tokens earlier in it
+    draft   a separate draft model of the target's vocabulary, greedy (speculative.model: a
+            tiny preset or a checkpoint directory; null: the target's own checkpoint)
+    mtp     DeepSeek-V3's multi-token-prediction layers of the target's checkpoint
+
+A model-based proposer (draft, mtp: lab/speculative/model_proposer.py) keeps KV of its own in
+the target's blocks, vLLM's way: its own KV tensors with the target's number of blocks, paged by
+the target's block table of KV cache group 0. Its hooks (no-ops for the others):
+`kv_page_bytes` (its pages of one block: the worker adds them to bytes_per_block, so the cache
+is sized for both), `bind_kv` (the runner's token table, block table and sizes, once the
+target's cache exists: it allocates its tensors then) and `kv_cache` (its tensors, which
+preemption=swap moves with the target's blocks).
+
 Requests a proposer cannot serve get no drafts and decode one token a step, as in vLLM: those
 that set a sampling parameter a configured logits processor implements (penalties, logit bias,
 min_tokens, bad words, allowed tokens: processors see one row per request, the first position
@@ -79,6 +95,23 @@ class ProposeInputs:
     hidden: Any = None
 
 
+@dataclass(frozen=True)
+class KVBinding:
+    """What the model runner hands its proposer once the target's KV cache exists (`bind_kv`):
+    what a proposer that keeps KV of its own needs to page it by the target's blocks and to
+    build its forwards' inputs (lab/worker/inputs.py: prepare_inputs)."""
+
+    token_ids: np.ndarray  # the runner's token table: row of a request -> its token ids
+    block_table: Any  # GroupBlockTables of KV cache group 0 only (follows the runner's rows)
+    num_blocks: int  # blocks of the target's cache: the proposer's tensors have as many
+    kv_dtype: Any  # torch dtype of the cache (the model's, or fp8)
+    block_size: int
+    max_model_len: int  # the engine's (positions stay below it)
+    max_num_reqs: int
+    max_num_tokens: int  # the most tokens of one target step
+    device: Any
+
+
 def check_num_speculative_tokens(value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"speculative.num_speculative_tokens={value!r} is invalid: use an "
@@ -104,6 +137,20 @@ class Proposer(ABC):
     @abstractmethod
     def propose(self, inputs: ProposeInputs) -> list[list[int]]:
         """Drafts for each request of `inputs` (at most max_drafts[i] each; [] for none)."""
+
+    def kv_page_bytes(self, block_size: int, kv_dtype: Any) -> int:
+        """Bytes of the proposer's own KV pages of one block (in the target's blocks: the worker
+        adds them to bytes_per_block); 0: it keeps no KV."""
+        return 0
+
+    def bind_kv(self, binding: KVBinding) -> None:  # noqa: B027 - an optional hook
+        """The target's cache exists (`binding`): allocate the proposer's own KV (nothing
+        here). Called once, by the runner that serves requests (not the profiling ones)."""
+
+    def kv_cache(self) -> tuple[list, Any] | None:
+        """Its own KV tensors and their KVCacheSpec, once bound (preemption=swap moves their
+        blocks with the target's); None: it keeps none."""
+        return None
 
 
 class NoProposer(Proposer):

@@ -45,7 +45,7 @@ from lab.layers.ops import LayerOps
 from lab.logits_processors.base import LogitsProcessor
 from lab.sampling.metadata import make_generator
 from lab.sampling.sampler import LogprobsTensors, Sampler
-from lab.speculative.base import ProposeInputs, Proposer
+from lab.speculative.base import KVBinding, ProposeInputs, Proposer
 from lab.worker.buffers import InputBuffers
 from lab.worker.cudagraph import PaddedDecode, padding_applies
 from lab.worker.inputs import (
@@ -120,12 +120,21 @@ class ModelRunner:
                                  else rejection_sample_ref)
         self.proposer = proposer if self.samples else None
 
-    def initialize_cache(self, kv_cache: KVCache, swapper: BlockSwapper | None = None) -> None:
-        """Hold the cache the backend allocated (its layers and, for fp8, its scales), and
-        set up the padded decode path if it applies (lab/worker/cudagraph.py)."""
+    def initialize_cache(self, kv_cache: KVCache, swapper: BlockSwapper | None = None,
+                         num_blocks: int = 0) -> None:
+        """Hold the cache the backend allocated (its layers and, for fp8, its scales) of
+        `num_blocks` blocks, set up the padded decode path if it applies
+        (lab/worker/cudagraph.py), and let the proposer bind its own KV to the blocks."""
         self.kv_caches, self.kv_scales = kv_cache.layers, kv_cache.scales
         self.swapper = swapper
         self.padded = self._padded_decode()
+        if self.proposer is not None:
+            self.proposer.bind_kv(KVBinding(
+                token_ids=self.token_ids, block_table=self.block_table.group(0),
+                num_blocks=num_blocks, kv_dtype=kv_cache.layers[0].dtype,
+                block_size=self.block_size, max_model_len=self.max_model_len,
+                max_num_reqs=self.token_ids.shape[0], max_num_tokens=self.buffers.max_num_tokens,
+                device=self.device))
 
     def _padded_decode(self) -> PaddedDecode | None:
         if not self.cudagraph_sizes or not padding_applies(
@@ -172,8 +181,8 @@ class ModelRunner:
                 self._sample(req_ids, batch, logits, out)
             else:
                 self._receive_sampled(batch)
-            if self.proposer is not None:
-                self._propose(req_ids, batch, rows, hidden, drafts, out)
+        if self.proposer is not None:  # a step of prompt chunks only too: a draft's KV of them
+            self._propose(req_ids, batch, rows, hidden, drafts, out)
         self.buffers.fence.record()
         return out if self.samples else ModelRunnerOutput()
 
@@ -383,7 +392,7 @@ class ModelRunner:
         for cached in sched.scheduled_cached_reqs:  # the hot loop: one per running request
             state = states[cached.req_id]
             state.num_computed = cached.num_computed_tokens
-            if cached.resumed_from_preemption or any(cached.new_block_ids):
+            if cached.resumed_from_preemption or cached.trimmed or any(cached.new_block_ids):
                 self._update_blocks(state, cached)
             i = index.get(cached.req_id)
             if i is not None:  # in the batch: the scheduler's count is the truth
@@ -433,13 +442,17 @@ class ModelRunner:
         self._take_row(state, new.block_ids)
 
     def _update_blocks(self, state: CachedRequestState, cached: CachedRequestData) -> None:
-        """A resumed request takes a fresh row with its new blocks; another appends them."""
+        """A resumed request takes a fresh row with its new blocks; another appends them, after
+        dropping the blocks the scheduler freed past its computed tokens (`trimmed`)."""
         if cached.resumed_from_preemption:
             if state.row is not None:
                 self._release_row(state)
             self._take_row(state, cached.new_block_ids)
-        else:
-            self.block_table.append_row(state.row, cached.new_block_ids)
+            return
+        if cached.trimmed:
+            keep = -(-cached.num_computed_tokens // self.block_size)
+            self.block_table.truncate_row(state.row, keep)
+        self.block_table.append_row(state.row, cached.new_block_ids)
 
     def _take_row(self, state: CachedRequestState, block_ids: tuple[list[int], ...]) -> None:
         state.row = self.free_rows.pop()

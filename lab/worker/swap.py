@@ -31,16 +31,25 @@ class BlockSwapper:
         self, device_caches: list[torch.Tensor], kv_spec: KVCacheSpec, num_blocks: int,
         copy_blocks: CopyBlocks,
     ) -> None:
-        self.device_caches = device_caches
+        self.device_caches: list[torch.Tensor] = []
+        self.cpu_caches: list[torch.Tensor] = []
+        self.specs: list[KVCacheSpec] = []  # each cache's layout
         self.spec = kv_spec
         self.copy_blocks = copy_blocks
         self.device = device_caches[0].device if device_caches else torch.device("cpu")
         self.pinned = self.device.type == "cuda"
-        self.cpu_caches = [
-            torch.empty(kv_spec.layer_shape(num_blocks), dtype=kv_spec.dtype, device="cpu",
-                        pin_memory=self.pinned)
-            for _ in device_caches
-        ]
+        self._num_blocks = num_blocks
+        self.add_caches(device_caches, kv_spec)
+
+    def add_caches(self, device_caches: list[torch.Tensor], kv_spec: KVCacheSpec) -> None:
+        """Swap these caches' blocks too (another layout in the same blocks: a draft model's
+        KV, lab/speculative/model_proposer.py)."""
+        for cache in device_caches:
+            self.device_caches.append(cache)
+            self.cpu_caches.append(torch.empty(kv_spec.layer_shape(self._num_blocks),
+                                               dtype=kv_spec.dtype, device="cpu",
+                                               pin_memory=self.pinned))
+            self.specs.append(kv_spec)
 
     @property
     def num_blocks(self) -> int:
@@ -56,21 +65,21 @@ class BlockSwapper:
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         from lab.kernels.copy_blocks import as_bits  # imports triton: only when swapping
 
-        dim = self.spec.block_dim
         dev_ids, cpu_ids = self._ids(pairs)
         staging_ids = torch.arange(len(pairs), device=self.device)
-        for dev_cache, cpu_cache in zip(self.device_caches, self.cpu_caches):
-            staging = dev_cache.new_empty(self.spec.layer_shape(len(pairs)))
+        for dev_cache, cpu_cache, spec in zip(self.device_caches, self.cpu_caches, self.specs):
+            dim = spec.block_dim
+            staging = dev_cache.new_empty(spec.layer_shape(len(pairs)))
             self.copy_blocks(dev_cache, staging, dev_ids, staging_ids, dim)
             as_bits(cpu_cache).index_copy_(dim, cpu_ids, as_bits(staging.cpu()))
 
     def swap_in(self, pairs: list[tuple[int, int]]) -> None:
         from lab.kernels.copy_blocks import as_bits
 
-        dim = self.spec.block_dim
         cpu_ids, dev_ids = self._ids(pairs)
         staging_ids = torch.arange(len(pairs), device=self.device)
-        for dev_cache, cpu_cache in zip(self.device_caches, self.cpu_caches):
+        for dev_cache, cpu_cache, spec in zip(self.device_caches, self.cpu_caches, self.specs):
+            dim = spec.block_dim
             host = as_bits(cpu_cache).index_select(dim, cpu_ids).view(cpu_cache.dtype)
             if self.pinned:
                 host = host.pin_memory()

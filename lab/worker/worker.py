@@ -15,10 +15,12 @@ import time
 from pathlib import Path
 
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 
 from lab.attention.base import KVCache, KVCacheSpec, kv_cache_torch_dtype
 from lab.cache.groups import (
+    SLIDING_WINDOW,
+    KVCacheGroup,
     describe_groups,
     group_layers,
     layer_group_index,
@@ -106,6 +108,8 @@ class Worker:
         option = self.config.speculative
         if not SpecConfig.of(option).num_speculative_tokens:
             return None
+        check_proposer_groups(get_class(option["_target_"]), self.kv_groups,
+                              (self.hf_config.architectures or ["the target"])[0])
         context = ProposerContext(
             max_model_len=max_positions(self.hf_config), vocab_size=self.hf_config.vocab_size,
             block_size=self.block_size, device=self.device, dtype=self.dtype,
@@ -161,8 +165,11 @@ class Worker:
     @property
     def bytes_per_block(self) -> int:
         """KV bytes of one block: its page in each KV tensor (one per layer of a KV cache group,
-        lab/cache/groups.py; this rank's share of the heads)."""
-        return self.kv_spec.page_bytes * num_tensors(self.kv_groups)
+        lab/cache/groups.py; this rank's share of the heads), and in the proposer's own (a
+        draft model's KV lives in the target's blocks: lab/speculative/model_proposer.py)."""
+        own = (self.proposer.kv_page_bytes(self.block_size, self.kv_spec.dtype)
+               if self.proposer is not None else 0)
+        return self.kv_spec.page_bytes * num_tensors(self.kv_groups) + own
 
     def determine_num_blocks(self, sizing: CacheSizing) -> int:
         if sizing.num_gpu_blocks is not None:
@@ -226,7 +233,7 @@ class Worker:
                              ops=self.ops,
                              layer_groups=layer_group_index(self.kv_groups)
                              if len(self.kv_groups) > 1 else None, proposer=proposer)
-        runner.initialize_cache(self._allocate_cache(num_blocks))
+        runner.initialize_cache(self._allocate_cache(num_blocks), num_blocks=num_blocks)
         return runner
 
     def _allocate_cache(self, num_blocks: int) -> KVCache:
@@ -258,6 +265,9 @@ class Worker:
             tensors = list({id(t): t for t in self.runner.kv_caches}.values())  # each once
             self.runner.swapper = BlockSwapper(tensors, self.kv_spec, num_swap_blocks,
                                                self.ops.copy_blocks)
+            own = self.proposer.kv_cache() if self.proposer is not None else None
+            if own is not None:  # a draft's KV in the same blocks moves with them
+                self.runner.swapper.add_caches(*own)
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(sched)
@@ -272,3 +282,18 @@ class Worker:
             self._dummy_forward(num_tokens)
         log.info("compile=true: compiled and warmed up (%s tokens) in %.1f s",
                  ", ".join(map(str, sizes)), time.perf_counter() - start)
+
+
+def check_proposer_groups(proposer: type[Proposer], groups: tuple[KVCacheGroup, ...],
+                          model: str) -> None:
+    """A proposer that keeps its KV in the target's blocks (`needs_lookahead`) pages it by KV
+    cache group 0, which must keep every block of a request: refuse a sliding-window group 0
+    (every layer of the target has a window), naming its layers."""
+    if not proposer.needs_lookahead or groups[0].spec.kind != SLIDING_WINDOW:
+        return
+    layers = sorted(i for g in groups if g.spec.kind == SLIDING_WINDOW for i in g.layers)
+    raise ValueError(
+        f"speculative={proposer.name} keeps its KV in the blocks of the target's KV cache group "
+        f"0, which must be full attention; every layer of {model} has a sliding "
+        f"window (layers {', '.join(map(str, layers))}: {groups[0].spec.describe()}), whose "
+        "blocks leave the cache: set cache.hybrid=false (one full-attention group)")

@@ -33,13 +33,22 @@ class ReplayProposer(Proposer):
         return out
 
 
+class LookaheadReplayProposer(ReplayProposer):
+    """A replay whose scheduler reserves lookahead slots, as for a draft model's KV (which it
+    does not write): the block bookkeeping of lookahead without a model."""
+
+    name = "replay_lookahead"
+    needs_lookahead = True
+
+
 def write_replay_option(config_dir: Path, sequences: list[list[int]], k: int,
-                        wrong_every: int = 3) -> Path:
-    """A config directory with option speculative=replay replaying `sequences`."""
+                        wrong_every: int = 3, proposer: str = "ReplayProposer") -> Path:
+    """A config directory with option speculative=replay replaying `sequences` (`proposer`:
+    the class of this module)."""
     (config_dir / "speculative").mkdir(parents=True, exist_ok=True)
     data = config_dir / "replay.json"
     data.write_text(json.dumps(sequences))
     (config_dir / "speculative" / "replay.yaml").write_text(
-        "_target_: tests.speculative.replay.ReplayProposer\n_partial_: true\n"
+        f"_target_: tests.speculative.replay.{proposer}\n_partial_: true\n"
         f"num_speculative_tokens: {k}\npath: {data}\nwrong_every: {wrong_every}\n")
     return config_dir
