@@ -41,6 +41,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -112,13 +113,21 @@ def ensure_tiny_model(
     fields (None: lab/conf/model/<name>.yaml's)."""
     spec = preset(name) if spec is None else spec
     root = Path(cache_dir) if cache_dir else default_cache_dir()
-    final = root / f"{name}-{preset_hash(spec)}"
+    return ensure_generated(root / f"{name}-{preset_hash(spec)}",
+                            lambda tmp: generate_tiny_model(name, tmp, spec=spec))
+
+
+def ensure_generated(final: Path, generate: Callable[[Path], object]) -> Path:
+    """`final`, a cache entry, written by `generate(tmp)` into a temp dir beside it and renamed
+    into place unless it already has a config.json: parallel processes generating the same entry
+    are safe (one rename wins, the others' copies are dropped). Shared by every generator of
+    cached checkpoints (the presets here, lab/models/tiny_eagle.py's draft heads)."""
     if (final / "config.json").exists():
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name.rsplit('-', 1)[0]}-", dir=final.parent))
     try:
-        generate_tiny_model(name, tmp, spec=spec)
+        generate(tmp)
         os.rename(tmp, final)
     except OSError:
         if not (final / "config.json").exists():  # not a lost race: a real failure
