@@ -12,7 +12,6 @@ from lab.config.compose import CONF_DIR, GROUP_BASES, GROUPS, compose_config, se
 from lab.config.validate import validate_knobs
 from lab.logits_processors.base import LogitsProcessor, LogitsProcessorContext
 from lab.metrics.base import StatLogger
-from lab.speculative.base import ProposerContext
 from tests.options import options
 
 LISTS = ("logger", "logits_processors")  # the multi-choice groups
@@ -20,8 +19,7 @@ SINGLE = [g for g in GROUPS if g not in LISTS]
 OPTIONS = [(g, option) for g in SINGLE for option in options(g)]
 EXTRA = {"model": {"hf": ["model.path=/nonexistent"]},
          "sim/step_time": {"profiled": ["sim.step_time.path=/nonexistent.json"]}}
-PARTIAL_ARGS = {"cache": dict(num_blocks=8, max_model_len=64),
-                "speculative": dict(context=ProposerContext(max_model_len=64, vocab_size=32))}
+PARTIAL_ARGS = {"cache": dict(num_blocks=8, max_model_len=64)}
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS)
@@ -42,7 +40,8 @@ def test_every_option_instantiates(group, option):
     if group in PARTIAL_ARGS:
         obj = obj(**PARTIAL_ARGS[group])
     base = get_class(GROUP_BASES[group])
-    if group == "executor":  # partial: the engine supplies the worker config
+    # partials a worker completes: with its config; with the target model (a draft loads beside)
+    if group in ("executor", "speculative"):
         assert issubclass(obj.func, base), f"{group}={option} -> {obj.func}"
         return
     assert isinstance(obj, base), f"{group}={option} -> {type(obj)} is not a {base.__name__}"
