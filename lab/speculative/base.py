@@ -29,8 +29,10 @@ The options (lab/conf/speculative):
     draft   a separate draft model of the target's vocabulary, greedy (speculative.model: a
             tiny preset or a checkpoint directory; null: the target's own checkpoint)
     mtp     DeepSeek-V3's multi-token-prediction layers of the target's checkpoint
+    eagle   an EAGLE-1 head (speculative.model: its checkpoint directory; null on a tiny Llama
+            preset: a synthetic head), drafting as the MTP layers do
 
-A model-based proposer (draft, mtp: lab/speculative/model_proposer.py) keeps KV of its own in
+A model-based proposer (draft, mtp, eagle: lab/speculative/model_proposer.py) keeps KV of its own in
 the target's blocks, vLLM's way: its own KV tensors with the target's number of blocks, paged by
 the target's block table of KV cache group 0. Its hooks (no-ops for the others):
 `kv_page_bytes` (its pages of one block: the worker adds them to bytes_per_block, so the cache

@@ -1,7 +1,8 @@
-"""DeepSeek-V3's multi-token-prediction layers as the proposer (`speculative=mtp`, vLLM's MTP /
-EAGLE scheme; the module: lab/models/deepseek_mtp.py).
+"""Heads on the target's hidden states as the proposer: DeepSeek-V3's multi-token-prediction
+layers (`speculative=mtp`; the module: lab/models/deepseek_mtp.py) and, with the same scheme, an
+EAGLE head (`speculative=eagle`, lab/speculative/eagle.py) — vLLM's MTP / EAGLE proposer.
 
-The MTP at position p reads the target's hidden state at p and the token at p + 1, and predicts
+The head (MTP, EAGLE) at position p reads the target's hidden state at p and the token at p + 1, and predicts
 the token at p + 2. Each step, per request i (c = num_computed, n = num_scheduled, r =
 num_rejected; the target computed positions c .. c + n - r - 1 validly):
 
@@ -20,6 +21,8 @@ after the block, which another request may not share: that costs acceptance, nev
 """
 
 from __future__ import annotations
+
+from abc import abstractmethod
 
 import numpy as np
 import torch
@@ -63,23 +66,22 @@ def check_mtp_checkpoint(path, hf_config) -> None:
             "tiny_deepseek_mtp")
 
 
-class MTPProposer(ModelProposer):
-    """Drafts of the target's MTP layers (module docstring)."""
-
-    name = "mtp"
+class HiddenStateProposer(ModelProposer):
+    """Drafts of a head that fuses the target's hidden state with the next token's embedding
+    (module docstring): DeepSeek's MTP layers, an EAGLE head. A subclass loads the head
+    (`load_head`): a module with `forward(input_ids, positions, previous_hidden, kv_caches,
+    attn_metadata, step)`, `compute_logits(hidden, step)`, `attention_spec` and
+    `num_kv_layers`."""
 
     def __init__(self, context: ProposerContext, num_speculative_tokens: int) -> None:
         super().__init__(context, num_speculative_tokens)
-        from transformers import AutoConfig
-
-        from lab.models.deepseek_mtp import load_mtp
-
-        hf_config = AutoConfig.from_pretrained(context.model_path)
-        check_mtp_checkpoint(context.model_path, hf_config)
-        self.model = load_mtp(context.model_path, hf_config, context.attn_backend,
-                              context.dtype, context.device, context.ops)
+        self.model = self.load_head(context)
         self.kv = ProposerKV(context.attn_backend, self.model.attention_spec,
                              self.model.num_kv_layers)
+
+    @abstractmethod
+    def load_head(self, context: ProposerContext) -> torch.nn.Module:
+        """The head, on the target's device and dtype."""
 
     def propose(self, inputs: ProposeInputs) -> list[list[int]]:
         drafts = empty_drafts(inputs)
@@ -129,3 +131,19 @@ class MTPProposer(ModelProposer):
         offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
         index = torch.from_numpy(starts + offsets).to(inputs.hidden.device)
         return inputs.hidden[index]
+
+
+class MTPProposer(HiddenStateProposer):
+    """Drafts of the target's MTP layers (module docstring)."""
+
+    name = "mtp"
+
+    def load_head(self, context: ProposerContext) -> torch.nn.Module:
+        from transformers import AutoConfig
+
+        from lab.models.deepseek_mtp import load_mtp
+
+        hf_config = AutoConfig.from_pretrained(context.model_path)
+        check_mtp_checkpoint(context.model_path, hf_config)
+        return load_mtp(context.model_path, hf_config, context.attn_backend, context.dtype,
+                        context.device, context.ops)

@@ -19,9 +19,12 @@ from lab.core.sampling_params import SamplingParams
 from lab.engine.llm import LLM
 from lab.metrics import InMemoryLogger
 from lab.models.deepseek_mtp import load_mtp
+from lab.models.eagle import load_eagle
 from lab.models.loader import load_model
 from lab.models.tiny import ensure_tiny_model
+from lab.models.tiny_eagle import ensure_tiny_eagle
 from lab.speculative.draft import DraftModelProposer
+from lab.speculative.eagle import EagleProposer, resolve_head_path
 from lab.speculative.mtp import MTPProposer, check_mtp_checkpoint
 from tests.models.prefill import scattered_table, sequence_inputs
 
@@ -181,7 +184,7 @@ def test_sliding_window_group_zero_is_refused():
         LLM(model="tiny_mistral_sw", speculative="draft")
 
 
-@pytest.mark.parametrize("option", ["draft", "mtp"])
+@pytest.mark.parametrize("option", ["draft", "mtp", "eagle"])
 def test_tensor_parallel_is_refused(option):
     cfg = set_knobs(compose_config([f"speculative={option}", "executor=multiproc"]),
                     {"tensor_parallel_size": 2})
@@ -223,3 +226,27 @@ def test_mtp_needs_mtp_layers():
     assert cfg.num_nextn_predict_layers == 1
     with pytest.raises(ValueError, match=r"model.layers.3.\*"):
         check_mtp_checkpoint(path, cfg)
+
+
+# -- speculative=eagle ---------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [1, 3])
+def test_eagle_drafts_follow_the_target_hidden_states(llama_reference, recorded, k):
+    """An EAGLE head drafts as the MTP layers do (the same scheme, the same reference): greedy
+    ids equal the plain run's, and each step's drafts those of one forward over everything."""
+    records = recorded(EagleProposer)
+    outputs, steps, _ = generate("tiny_llama", speculative="eagle",
+                                 **{"speculative.num_speculative_tokens": k})
+    assert outputs == llama_reference
+    verified, accepted = drafted(steps)
+    assert 0 < accepted < verified  # the synthetic head is right some of the time
+    backend = TorchAttentionBackend()
+    target, _ = load_model(ensure_tiny_model("tiny_llama"), backend, torch.float32, "cpu")
+    head = load_eagle(ensure_tiny_eagle("tiny_llama"), target, backend, torch.float32, "cpu")
+    check_against(records[::4], lambda tokens: mtp_drafts(target, head, backend, tokens, k), 5)
+
+
+def test_eagle_needs_a_head():
+    with pytest.raises(ValueError, match="speculative.model=DIR"):
+        resolve_head_path(None, "/somewhere/my-checkpoint")
+    with pytest.raises(ValueError, match="is not a directory"):
+        resolve_head_path("/nonexistent-head", "/somewhere")
