@@ -321,16 +321,19 @@ def probe_lines(rows: list[dict]) -> list[str]:
             forward = (r["decode_step_ms"] - r["lookup_ms"]) / decode
             out.append(
                 f"probe k={k}: a step verifying {k} draft(s) per request takes "
-                f"{r['decode_step_ms']} ms, {ratio:.2f}x a decode step ({decode} ms): pays at "
-                f"alpha >= {pays_at(ratio, k)}; without the ngram lookup ({r['lookup_ms']} ms "
-                f"of it) {forward:.2f}x, pays at alpha >= {pays_at(forward, k)}; measured "
-                f"acceptance {r['acceptance']}")
+                f"{r['decode_step_ms']} ms, {ratio:.2f}x a decode step ({decode} ms): pays "
+                f"{pays_at(ratio, k)}; without the ngram lookup ({r['lookup_ms']} ms of it) "
+                f"{forward:.2f}x, pays {pays_at(forward, k)}; measured acceptance "
+                f"{r['acceptance']}")
     return out
 
 
 def pays_at(ratio: float, k: int) -> str:
+    """Where a step costing `ratio` decode steps pays, in words."""
     alpha = break_even(ratio, k)
-    return "never (more than k + 1 decode steps)" if alpha == float("inf") else str(alpha)
+    if alpha == float("inf"):
+        return "never (it costs more than the k + 1 tokens it can emit)"
+    return f"at alpha >= {alpha}"
 
 
 def header(argv: list[str]) -> str:
