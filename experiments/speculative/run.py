@@ -2,8 +2,8 @@
 the drafts per step k in {0 (off), 1, 3, 5}, real on this CPU and simulated on an H100. One
 command:
 
-    python experiments/speculative/run.py             # ~3 min on 2 cores: both parts
-    python experiments/speculative/run.py --smoke     # ~20 s: fewer requests and points
+    python experiments/speculative/run.py             # ~40 s on 2 idle cores: both parts
+    python experiments/speculative/run.py --smoke     # ~15 s: fewer requests and points
 
 Two parts:
   real       tiny_llama (random weights) on this CPU, attention=cpu, fp32, 16 requests at t=0,
