@@ -110,6 +110,8 @@ class SimExecutor(Executor):
         self.states: dict[str, _SimState] = {}
         self.eos_ids = frozenset(eos_token_ids(self.hf_config))
         self.speculation = sim_speculation(config, build(SimSpecKnobs, dict(spec or {})))
+        # the configured logits processors' classes: a request one acts on gets no drafts
+        self.processors = processor_classes(config) if self.speculation is not None else ()
         tp = self.target.tensor_parallel_size
         log.info("simulating %s on %s (%s)%s: %.2f GiB of weights, %d KV bytes per token%s",
                  Path(config.model_path).name, self.device.name, self.step_time.describe(),
@@ -266,10 +268,7 @@ class SimExecutor(Executor):
     def _speculates(self, params) -> bool:
         """Whether a request may get drafts: no configured logits processor acts on it (the
         real runner's rule, LogitsProcessor.speculates)."""
-        from hydra.utils import get_class
-
-        return all(get_class(p["_target_"]).speculates(params)
-                   for p in self.config.logits_processors)
+        return all(cls.speculates(params) for cls in self.processors)
 
     def _token(self, rid: str, state: _SimState, length: int) -> int:
         """A token id from (request id, length) that is none of the request's stop tokens: the
@@ -294,6 +293,13 @@ def sim_speculation(config: WorkerConfig, knobs: SimSpecKnobs) -> SimSpeculation
                     "sim.spec.draft_cost_ratio (its forward / the target's decode step)",
                     spec.name)
     return speculation
+
+
+def processor_classes(config: WorkerConfig) -> tuple[type, ...]:
+    """The classes of the run's logits processors (the frontend has imported them already)."""
+    from hydra.utils import get_class
+
+    return tuple(get_class(p["_target_"]) for p in config.logits_processors)
 
 
 def sim_target(hf_config, device: DeviceSpec, config: WorkerConfig,

@@ -6,7 +6,8 @@ thing).
     python run.py executor=sim speculative=ngram sim.spec.acceptance_from=outputs/DAY/TIME
 
 - **Drafts.** Every request that emitted tokens gets min(k, room) drafts, room capped as the
-  real runner caps it (max_model_len - its length, and its max_tokens left - 1: a draft past its
+  real runner caps it: max_model_len - 1 - its length (the scheduler would cut the rest: the
+  verified positions stay below max_model_len - 1) and its max_tokens left - 1 (a draft past its
   last token is never kept). The ids are the simulator's token rule at the next positions (never
   EOS nor a stop token), so accepted drafts are exactly the tokens it would have emitted anyway:
   outputs do not depend on speculation.
@@ -132,8 +133,9 @@ class SimSpeculation:
 
     def num_drafts(self, length: int, end: int, max_model_len: int) -> int:
         """Drafts for a request of `length` tokens that finishes at `end` (prompt + max_tokens),
-        capped as the real runner caps them (lab/worker/model_runner.py, _propose)."""
-        room = min(max(max_model_len - length, 0), max(end - length - 1, 0))
+        capped as the real runner caps them (lab/worker/model_runner.py, _propose): below
+        max_model_len - 1, and below its last token."""
+        room = min(max(max_model_len - 1 - length, 0), max(end - length - 1, 0))
         return min(self.k, room)
 
 

@@ -4,6 +4,7 @@ measured curve), seeded, priced as their real shape plus the proposer's forwards
 statistics that add up."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,10 +12,12 @@ import pytest
 from lab.config.compose import compose_config
 from lab.config.validate import validate_knobs
 from lab.core.sampling_params import SamplingParams
+from lab.core.step import StepShape
 from lab.engine.llm_engine import LLMEngine
 from lab.engine.replay import replay
 from lab.metrics.jsonl import JsonlLogger
 from lab.metrics.memory import InMemoryLogger
+from lab.scheduler import scheduler as scheduler_module
 from lab.sim.configs import write_configs
 from lab.sim.knobs import SimSpecKnobs
 from lab.sim.spec import Acceptance, SimSpeculation, measured_acceptance
@@ -136,7 +139,7 @@ def test_drafts_are_capped_by_max_tokens_and_max_model_len():
     out = {r.request_id: r for r in stats}
     # short: 1 token from its prefill, 3 drafts (max_tokens 5 - 1 - 1) all kept + 1 = 5
     assert out["short"].num_output_tokens == 5 and out["short"].num_draft_tokens == 3
-    # long: 19 + 1 tokens, room for 3 more before 23; the step may compute up to 22: 2 drafts
+    # long: 19 + 1 tokens; the step may compute up to position 21 (< 23 - 1): 2 drafts
     assert out["long"].num_output_tokens == 23 - 19
     assert len(steps) == 2 and steps[1].num_draft_tokens == 3 + 2
 
@@ -247,3 +250,31 @@ def test_the_sim_spec_block_is_checked_like_every_knob():
         validate_knobs(compose_config(["+sim.spec.alpha=0.5"]))
     with pytest.raises(ValueError, match="unknown setting 'sim.bogus'"):
         validate_knobs(compose_config(["+sim.bogus=1"]))
+
+
+@pytest.mark.xfail(
+    not hasattr(scheduler_module, "SpecDecodeCounts"), strict=True,
+    reason="scheduler bug on this branch, fixed on main (SpecDecodeCounts, counted at the update): "
+           "under async scheduling a verification is counted into the events of the step "
+           "scheduled behind it, lost when that schedule has no work (every request waits for "
+           "its tokens in flight)")
+def test_async_scheduling_keeps_the_statistics_whole():
+    summary, steps, reqs, _ = simulate(*CONSTANT, *spec(3, 0.6), "async_scheduling=true",
+                                       workload=decode_heavy(8, 24, 40))
+    assert total(steps, "num_spec_reqs") > 0
+    assert total(steps, "num_accepted_tokens") == (total(steps, "num_generated_tokens")
+                                                   - total(steps, "num_sampled_reqs"))
+    assert all(r.num_output_tokens == 40 for r in reqs) and len(reqs) == 8
+
+
+def test_the_roofline_scores_one_lm_head_row_per_verified_draft(tmp_path):
+    llama = write_configs(tmp_path, ["llama3_8b"])["llama3_8b"]
+    engine = LLMEngine(compose_config(["executor=sim", "logger=[]", "model=hf",
+                                       f"model.path={llama}"]))
+    roofline = engine.executor.step_time
+    verify = StepShape.of([(4, 100, 104)] * 8)  # 8 requests verifying 3 drafts each
+    flops, _ = roofline.linear(verify)
+    counted, _ = roofline.linear(replace(verify, num_draft_tokens=24))
+    lm_head = roofline.target.model.lm_head_params
+    assert counted - flops == pytest.approx(2.0 * lm_head * 24)
+    engine.shutdown()
