@@ -19,6 +19,11 @@
 #   ubatch     micro-batching (docs/ubatch.md): its CUDA tests, one step's forward as one batch vs
 #              two micro-batches (in turn; interleaved at the all-reduces)
 #   tp         on a machine with 2+ GPUs: TP=2 (NCCL, executor=multiproc) correctness, TP=1 vs 2
+#   speculative  speculative=ngram (k = 3 and 5) vs off on bench_qwen3_06b, triton_flash: run.py's
+#              summaries, each run's steps.jsonl under $OUT/speculative/ (measured acceptance for
+#              `sim.spec.acceptance_from`), then lab.bench.e2e's random prompts at temperature
+#              0.6 (the rejection sampler's random path) off vs ngram; random weights accept few
+#              drafts, so these time what verifying costs on the GPU more than what it buys
 #   simprofile the simulator's operator profile of bench_qwen3_06b on this GPU (python3 -m
 #              lab.sim.profile, eager: the timers see each operator), written beside the logs as
 #              sim_profile_bench_qwen3_06b.json: `sim/step_time=profiled sim.step_time.path=THAT
@@ -88,6 +93,22 @@ part_tp() {
     attention=triton_flash,executor=multiproc,tensor_parallel_size=2
 }
 
+part_speculative() {
+  local name spec
+  for name in off ngram3 ngram5; do
+    case $name in
+      off) spec=(speculative=none) ;;
+      ngram3) spec=(speculative=ngram speculative.num_speculative_tokens=3) ;;
+      ngram5) spec=(speculative=ngram speculative.num_speculative_tokens=5) ;;
+    esac
+    run 150 python3 run.py model=bench_qwen3_06b attention=triton_flash "${spec[@]}" \
+      workload.num_requests=64 workload.output_len=128 workload.num_prefix_groups=0 \
+      'logger=[console,jsonl]' "hydra.run.dir=$OUT/speculative/$name"
+  done
+  run 200 python3 -m lab.bench.e2e --num-seqs 64 --max-len 512 --runs attention=triton_flash \
+    attention=triton_flash,speculative=ngram
+}
+
 part_simprofile() {
   run 300 python3 -m lab.sim.profile model=bench_qwen3_06b attention=triton_flash device=cuda \
     enforce_eager=true logger=[jsonl] --max-batch 256 --max-context 2048 --max-kv-gb 40 \
@@ -95,7 +116,8 @@ part_simprofile() {
 }
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(cudagraph e2e tests quant compile kernels ubatch tp simprofile)
+[ ${#parts[@]} -gt 0 ] || parts=(cudagraph e2e tests quant compile kernels ubatch tp speculative
+                                 simprofile)
 for p in "${parts[@]}"; do
   declare -F "part_$p" > /dev/null || { echo "unknown part '$p'"; exit 2; }
   start=$(date +%s)

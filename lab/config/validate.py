@@ -117,11 +117,21 @@ def check_known_keys(cfg: DictConfig, names: set[str]) -> None:
             raise ValueError(unknown_setting_message(key)
                              + " (a +key=value override adds a key that nothing reads)")
         if key in blocks and key not in GROUPS:
-            declared = sorted(n.split(".", 1)[1] for n in names if n.startswith(f"{key}."))
-            extra = sorted(set(cfg[key] or {}) - set(declared) - nested_groups(key))
-            if extra:
-                raise ValueError(f"unknown setting '{key}.{extra[0]}': the keys of {key} are "
-                                 f"{', '.join(declared)}")
+            check_block_keys(cfg[key], key, names, nested_groups(key))
+
+
+def check_block_keys(node, block: str, names: set[str], groups: set[str] = frozenset()) -> None:
+    """Every key of a knob block is a knob declared in it, a block nested in it (sim.spec,
+    checked the same way) or one of its nested config groups."""
+    declared = {n.removeprefix(f"{block}.") for n in names if n.startswith(f"{block}.")}
+    keys = {d.split(".", 1)[0] for d in declared}
+    extra = sorted(set(node or {}) - keys - groups)
+    if extra:
+        raise ValueError(f"unknown setting '{block}.{extra[0]}': the keys of {block} are "
+                         f"{', '.join(sorted(declared))}")
+    for sub in sorted(keys - declared):
+        if isinstance(node, DictConfig | dict) and isinstance(node.get(sub), DictConfig | dict):
+            check_block_keys(node[sub], f"{block}.{sub}", names)
 
 
 def check_list_groups(cfg: DictConfig) -> None:

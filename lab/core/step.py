@@ -55,6 +55,13 @@ class StepShape:
     over a padded [requests, max_query_len, max_context_len] view pays for that geometry), the
     requests that sample a token (a decode, or a chunk that reaches the end of its request) and
     those new to the worker (admitted or resumed: their state is built this step).
+
+    Speculative decoding (lab/speculative): a request verifying s drafts computes its last token
+    and the drafts, q = 1 + s after c, and reaches its end: it is a prefill chunk (q, c) that
+    samples. That is its real geometry — its attention scores q*c + q*(q+1)/2 pairs and reads
+    its context once, as a chunk's — so step-time models price it as one; `num_draft_tokens`
+    (the drafts the step verifies) is what they add: the LM head and the sampler score
+    1 + s rows for it, not one.
     """
 
     num_tokens: int = 0
@@ -71,6 +78,7 @@ class StepShape:
     num_new_reqs: int = 0  # admitted or resumed this step
     num_finished_reqs: int = 0  # known after the step (the simulator's executor sets it)
     after_idle: bool = False  # the engine waited for an arrival before it (the simulator sets it)
+    num_draft_tokens: int = 0  # drafts the step verifies (the simulator's executor sets it)
 
     @property
     def num_prefill_tokens(self) -> int:

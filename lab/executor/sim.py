@@ -15,7 +15,11 @@ config-only directory such as those `python -m lab.sim.configs` writes). The exe
 - executes a step by returning a token for every request whose prompt is caught up (a
   deterministic function of the request id and its length that is never the EOS nor one of the
   request's stop tokens, so outputs end by max_tokens) and advancing its virtual clock by the
-  step-time model's prediction plus the swap copies at the device's host-link bandwidth.
+  step-time model's prediction plus the swap copies at the device's host-link bandwidth;
+- with a `speculative` option of k drafts, proposes k placeholder drafts per request that
+  emitted (the same token rule at the next positions), accepts a verification's drafts at the
+  `sim.spec` knobs' rate (seeded by `seed`) and returns the accepted ones + 1 token, and prices
+  the proposer's forwards (lab/sim/spec.py).
 
 With `tensor_parallel_size` > 1 it simulates one rank of the split model, as the real
 executors report rank 0's (lab/executor/distributed.py): KV bytes per block, weight bytes and
@@ -27,12 +31,14 @@ step-time model predicts one rank's compute, and each step adds its collectives
     python run.py executor=sim                                  # tiny_llama on a simulated H100
     python run.py executor=sim model=hf model.path=DIR sim.device=h200 sim/step_time=roofline
     python run.py executor=sim model=hf model.path=DIR tensor_parallel_size=4
+    python run.py executor=sim speculative=ngram sim.spec.acceptance_rate=0.8
 """
 
 from __future__ import annotations
 
 import logging
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -46,6 +52,7 @@ from lab.cache.groups import (
 from lab.cache.sizing import CacheSizing, cpu_kv_bytes
 from lab.clock import VirtualClock
 from lab.config.dtypes import DTYPE_BYTES, resolve_dtype_name
+from lab.config.knob import build
 from lab.config.worker import WorkerConfig
 from lab.core.model_info import ModelInfo, eos_token_ids
 from lab.core.step import ModelRunnerOutput, SchedulerOutput
@@ -53,8 +60,11 @@ from lab.executor.base import Executor
 from lab.models.registry import arch_spec
 from lab.sim.comm import AllReduceModel, MeasuredAllReduce
 from lab.sim.device import DeviceSpec, device_spec
+from lab.sim.knobs import SimSpecKnobs
 from lab.sim.model_shape import QUANT_WEIGHT_BYTES, ModelShape
+from lab.sim.spec import SimSpeculation, draft_shape
 from lab.sim.step_time import SimTarget, StepTimeModel
+from lab.speculative.base import SpecConfig
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +75,7 @@ class _SimState:
     num_computed: int
     forbidden: frozenset[int]  # token ids the rule must not produce (EOS, stop tokens)
     end: int  # the length at which it finishes: prompt + max_tokens (outputs never stop early)
+    speculates: bool = True  # it may get drafts (no configured logits processor acts on it)
 
 
 class SimExecutor(Executor):
@@ -75,10 +86,11 @@ class SimExecutor(Executor):
 
     def __init__(
         self, config: WorkerConfig, step_time: StepTimeModel, device: str | DeviceSpec = "h100",
-        allreduce: str | AllReduceModel | None = None,
+        allreduce: str | AllReduceModel | None = None, spec: Mapping | None = None,
     ) -> None:
         """`allreduce`: the all-reduce between the ranks at tensor_parallel_size > 1: None for
-        the device's ring model, a model, or the path of a measured table's JSON."""
+        the device's ring model, a model, or the path of a measured table's JSON. `spec`: the
+        `sim.spec` knobs (speculative decoding, lab/sim/spec.py; their defaults when None)."""
         from transformers import AutoConfig  # imported late: the bench imports this module
 
         self.config = config
@@ -97,6 +109,9 @@ class SimExecutor(Executor):
         self._last_step_end: float | None = None  # the first step comes after idle
         self.states: dict[str, _SimState] = {}
         self.eos_ids = frozenset(eos_token_ids(self.hf_config))
+        self.speculation = sim_speculation(config, build(SimSpecKnobs, dict(spec or {})))
+        # the configured logits processors' classes: a request one acts on gets no drafts
+        self.processors = processor_classes(config) if self.speculation is not None else ()
         tp = self.target.tensor_parallel_size
         log.info("simulating %s on %s (%s)%s: %.2f GiB of weights, %d KV bytes per token%s",
                  Path(config.model_path).name, self.device.name, self.step_time.describe(),
@@ -162,29 +177,75 @@ class SimExecutor(Executor):
     # -- steps ------------------------------------------------------------------------------
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(sched)
-        sampled = {}
+        out = ModelRunnerOutput()
         finishing = 0
         for rid, n in sched.num_scheduled_tokens.items():
             state = self.states[rid]
             state.num_computed += n
             if state.num_computed >= state.num_tokens:
-                sampled[rid] = [self._token(rid, state)]
-                state.num_tokens += 1
-                finishing += state.num_tokens >= min(state.end, self.max_model_len or state.end)
+                out.sampled_token_ids[rid] = self._emit(rid, state,
+                                                        sched.scheduled_spec_decode_tokens)
+                finishing += state.num_tokens >= self._end(state)
+        drafting = self._propose(out)
         idle = self.clock.now() != self._last_step_end  # it slept until an arrival
-        self.clock.advance(self.step_seconds(sched, finishing, idle))
+        self.clock.advance(self.step_seconds(sched, finishing, idle) + self.draft_seconds(drafting))
         self._last_step_end = self.clock.now()
-        return ModelRunnerOutput(sampled)
+        return out
+
+    def _end(self, state: _SimState) -> int:
+        """The length at which a request finishes: prompt + max_tokens, or the context limit."""
+        return min(state.end, self.max_model_len or state.end)
+
+    def _emit(self, rid: str, state: _SimState, drafts: dict[str, list[int]]) -> list[int]:
+        """The tokens a request whose prompt is caught up emits: one, or after verifying its
+        s drafts the accepted a of them + 1 (the rejected s - a computed tokens step back)."""
+        num_drafts = len(drafts.get(rid, ()))
+        accepted = self.speculation.acceptance.draw(num_drafts) if num_drafts else 0
+        tokens = [self._token(rid, state, state.num_tokens + i) for i in range(accepted + 1)]
+        state.num_tokens += len(tokens)
+        state.num_computed -= num_drafts - accepted
+        return tokens
+
+    def _propose(self, out: ModelRunnerOutput) -> list[tuple[int, int]]:
+        """Drafts for the next step of every request that emitted (none for those a logits
+        processor acts on, or whose context or max_tokens is reached): the token rule at the
+        positions after its last token. (length, drafts) of each request that got drafts."""
+        if self.speculation is None:
+            return []
+        drafting = []
+        for rid in out.sampled_token_ids:
+            state = self.states[rid]
+            n = self.speculation.num_drafts(state.num_tokens, state.end, self.max_model_len)
+            if n and state.speculates:
+                out.spec_token_ids[rid] = [self._token(rid, state, state.num_tokens + i)
+                                           for i in range(n)]
+                drafting.append((state.num_tokens, n))
+        return drafting
+
+    def draft_seconds(self, drafting: list[tuple[int, int]]) -> float:
+        """The proposer's forwards for the requests that got drafts ((length, drafts) each):
+        sim.spec.draft_cost_ratio x a target decode step over them, once per draft position
+        (the most drafts any of them got); 0 for ngram."""
+        spec = self.speculation
+        if not drafting or spec is None or spec.draft_cost_ratio == 0:
+            return 0.0
+        shape = draft_shape([length for length, _ in drafting])
+        comm = 0.0 if self.step_time.includes_comm else self.target.comm_seconds(shape)
+        forwards = max(n for _, n in drafting)
+        return spec.draft_cost_ratio * forwards * (self.step_time.predict(shape) + comm)
 
     def step_seconds(self, sched: SchedulerOutput, finishing: int = 0,
                      after_idle: bool = False) -> float:
         """The step's predicted time (`finishing`: requests its tokens finish, whose outputs and
         frees the engine's CPU pays for; `after_idle`: the engine waited for an arrival before
-        it), its tensor-parallel collectives (0 at TP=1) and its swap copies over the host link
-        (each rank copies its own blocks over its own link)."""
+        it; the drafts it verifies: their LM-head rows), its tensor-parallel collectives (0 at
+        TP=1) and its swap copies over the host link (each rank copies its own blocks over its
+        own link)."""
         shape = sched.shape
-        if finishing or after_idle:
-            shape = replace(shape, num_finished_reqs=finishing, after_idle=after_idle)
+        drafts = sum(len(d) for d in sched.scheduled_spec_decode_tokens.values())
+        if finishing or after_idle or drafts:
+            shape = replace(shape, num_finished_reqs=finishing, after_idle=after_idle,
+                            num_draft_tokens=drafts)
         swapped = (shape.swap_in_blocks + shape.swap_out_blocks) * self.bytes_per_block
         comm = 0.0 if self.step_time.includes_comm else self.target.comm_seconds(shape)
         return (self.step_time.predict(shape) + comm
@@ -199,19 +260,46 @@ class SimExecutor(Executor):
             length = len(new.prompt_token_ids)
             self.states[new.req_id] = _SimState(
                 length, new.num_computed_tokens, forbidden,
-                length + max_tokens if max_tokens is not None else 1 << 62)
+                length + max_tokens if max_tokens is not None else 1 << 62,
+                self.speculation is not None and self._speculates(new.sampling_params))
         for cached in sched.scheduled_cached_reqs:
             self.states[cached.req_id].num_computed = cached.num_computed_tokens
 
-    def _token(self, rid: str, state: _SimState) -> int:
-        """A token id from (request id, length) that is none of the request's stop tokens."""
+    def _speculates(self, params) -> bool:
+        """Whether a request may get drafts: no configured logits processor acts on it (the
+        real runner's rule, LogitsProcessor.speculates)."""
+        return all(cls.speculates(params) for cls in self.processors)
+
+    def _token(self, rid: str, state: _SimState, length: int) -> int:
+        """A token id from (request id, length) that is none of the request's stop tokens: the
+        token at position `length` (a draft for a later position is the one it would emit)."""
         vocab = self.hf_config.vocab_size
         salt = 0
         while True:
-            token = zlib.crc32(f"{rid}:{state.num_tokens}:{salt}".encode()) % vocab
+            token = zlib.crc32(f"{rid}:{length}:{salt}".encode()) % vocab
             if token not in state.forbidden:
                 return token
             salt += 1
+
+
+def sim_speculation(config: WorkerConfig, knobs: SimSpecKnobs) -> SimSpeculation | None:
+    """The run's speculation under the simulator (None: the speculative option is off), seeded
+    by the run's seed. A model-based proposer simulated at draft_cost_ratio 0 is logged: its
+    forwards are then free."""
+    spec = SpecConfig.of(config.speculative)
+    speculation = SimSpeculation.of(spec.num_speculative_tokens, knobs, config.knobs.seed)
+    if speculation is not None and spec.num_lookahead_tokens and not knobs.draft_cost_ratio:
+        log.warning("speculative=%s runs a draft model, priced at nothing: set "
+                    "sim.spec.draft_cost_ratio (its forward / the target's decode step)",
+                    spec.name)
+    return speculation
+
+
+def processor_classes(config: WorkerConfig) -> tuple[type, ...]:
+    """The classes of the run's logits processors (the frontend has imported them already)."""
+    from hydra.utils import get_class
+
+    return tuple(get_class(p["_target_"]) for p in config.logits_processors)
 
 
 def sim_target(hf_config, device: DeviceSpec, config: WorkerConfig,

@@ -184,7 +184,8 @@ def step_shape(record: dict[str, Any], previous: dict[str, Any] | None = None) -
         tuple(tuple(c) for c in record.get("prefill_chunks", ())),
         record.get("max_query_len", 0), record.get("max_context_len", 0),
         record.get("num_sampled_reqs", 0), record.get("num_new_reqs", 0),
-        record.get("num_finished", 0), not busy_before(previous))
+        record.get("num_finished", 0), not busy_before(previous),
+        record.get("num_draft_tokens", 0))
 
 
 def busy_before(previous: dict[str, Any] | None) -> bool:

@@ -15,7 +15,8 @@ A step of shape s (lab.core.step.StepShape) takes
         ragged backends (triton_*):
             decode(decodes, mean context) + sum over prefill chunks of prefill(q, c + q),
             each less the fixed cost of a call (the cheapest decode measured) but one
-  + logits(sampled) + sampling(sampled)   LM head and sampler over the requests that sample
+  + logits(rows) + sampling(rows)     LM head and sampler over the requests that sample, + the
+                                      drafts verified (a verification scores 1 + s rows)
   + cpu                               everything else of the engine's loop: scheduling, input
                                       preparation, output processing, statistics, the replay:
                                       decode(requests) of a steady decode step, + a per new
@@ -163,11 +164,11 @@ class Operators:
 
     def parts(self, s: StepShape) -> dict[str, float]:
         """Seconds of each operator of a step of shape s."""
-        sampled = s.num_sampled_reqs
+        rows = s.num_sampled_reqs + s.num_draft_tokens
         return {"model": self.model.at(s.num_tokens) if s.num_tokens else 0.0,
                 "attention": self.attention(s),
-                "logits": self.logits.at(sampled) if sampled else 0.0,
-                "sampling": self.sampling.at(sampled) if sampled else 0.0,
+                "logits": self.logits.at(rows) if rows else 0.0,
+                "sampling": self.sampling.at(rows) if rows else 0.0,
                 "cpu": self.cpu_seconds(s)}
 
     def attention(self, s: StepShape) -> float:

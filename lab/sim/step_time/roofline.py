@@ -2,7 +2,8 @@
 
 A step runs three phases one after the other, each bound by compute or by memory:
 
-    linear     FLOPs 2 x active linear params x tokens (+ LM head x sampled requests);
+    linear     FLOPs 2 x active linear params x tokens (+ LM head x sampled requests and
+               the drafts verified: a verification scores 1 + s rows);
                bytes: every dense weight once + the routed experts the step's tokens touch
                (expected min(E, tokens x top_k) per MoE layer)
     prefill    FLOPs of the chunks' causal query-key pairs in every layer;
@@ -86,8 +87,8 @@ class RooflineStepTime(StepTimeModel):
     def linear(self, shape: StepShape) -> tuple[float, float]:
         t = self.target
         m = t.model
-        sampled = shape.num_prefill_reqs + shape.num_decode_reqs
-        flops = 2.0 * (m.active_linear_params * shape.num_tokens + m.lm_head_params * sampled)
+        rows = shape.num_prefill_reqs + shape.num_decode_reqs + shape.num_draft_tokens
+        flops = 2.0 * (m.active_linear_params * shape.num_tokens + m.lm_head_params * rows)
         dense, _ = m.linear_params()
         touched = min(m.n_routed_experts, shape.num_tokens * m.num_experts_per_tok)
         experts = m.num_moe_layers * touched * m.expert_params
