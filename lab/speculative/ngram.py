@@ -10,22 +10,32 @@ request decodes one token this step.
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from lab.speculative.base import ProposeInputs, Proposer, ProposerContext
 
 
 def lookup(context: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
     """The tokens after the most recent earlier occurrence of `context`'s longest suffix of
-    n_min..n_max tokens (at most k); [] without one."""
+    n_min..n_max tokens (at most k); [] without one.
+
+    The earlier positions holding the last token are the candidate ends of a match; each round
+    keeps those whose match extends one token further back, so the survivors of the last round
+    are the occurrences of the longest matching suffix (a few array operations per round,
+    instead of comparing every window of the context for each n)."""
     length = len(context)
-    for n in range(min(n_max, length - 1), n_min - 1, -1):
-        windows = sliding_window_view(context[: length - 1], n)  # starts 0 .. length-1-n
-        hits = np.flatnonzero((windows == context[length - n:]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return context[start : start + k].tolist()
-    return []
+    ends = np.flatnonzero(context[: length - 1] == context[length - 1])
+    matched = 1
+    while ends.size and matched < n_max:
+        back = ends - matched
+        extends = back >= 0
+        extends[extends] = context[back[extends]] == context[length - 1 - matched]
+        if not extends.any():
+            break
+        ends, matched = ends[extends], matched + 1
+    if not ends.size or matched < n_min:
+        return []
+    start = int(ends[-1]) + 1
+    return context[start : start + k].tolist()
 
 
 class NgramProposer(Proposer):

@@ -278,3 +278,21 @@ def test_drafts_stop_at_the_context_limit(replay_dir, reference):
     assert outputs == [ref[: 32 - len(p)] for p, ref in zip(PROMPTS, reference)]
     assert {r.finish_reason for r in memory.requests} == {"length"}
     check_statistics(memory, outputs)
+
+
+def test_lookup_equals_a_window_search():
+    """lookup's candidate rounds find what comparing every window for each n finds."""
+    def by_windows(context, n_min, n_max, k):
+        for n in range(min(n_max, len(context) - 1), n_min - 1, -1):
+            suffix = context[len(context) - n:].tolist()
+            for start in range(len(context) - 1 - n, -1, -1):
+                if context[start : start + n].tolist() == suffix:
+                    return context[start + n : start + n + k].tolist()
+        return []
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        context = rng.integers(0, 6, rng.integers(1, 40))
+        n_min = int(rng.integers(1, 4))
+        n_max = n_min + int(rng.integers(0, 3))
+        assert lookup(context, n_min, n_max, 3) == by_windows(context, n_min, n_max, 3)
