@@ -59,7 +59,7 @@ from lab.sim.configs import write_configs  # noqa: E402
 from lab.workloads.base import Workload, WorkloadRequest  # noqa: E402
 from lab.workloads.synthetic import SyntheticWorkload  # noqa: E402
 
-FIELDS = ("part", "workload", "requests", "k", "alpha", "output_tok_s", "speedup", "tpot_p50_ms",
+FIELDS = ("part", "workload", "proposer", "requests", "k", "alpha", "output_tok_s", "speedup", "tpot_p50_ms",
           "e2e_p50_s", "steps", "decode_step_ms", "lookup_ms", "verifications", "drafts", "accepted",
           "acceptance", "mean_accepted", "per_position", "repeats_tok_s", "wall_s")
 KS = (0, 1, 3, 5)
@@ -70,6 +70,11 @@ REAL = ["model=tiny_llama", "attention=cpu", "dtype=float32", "max_num_seqs=16",
 SIM = ["executor=sim", "sim/step_time=roofline", "sim.device=h100", "model=hf",
        "max_num_batched_tokens=8192"]
 PHRASE = 16  # tokens of the repetitive workload's phrase
+# the model-based proposers of the real part: the target drafting for itself (speculative.model
+# null: every draft accepted, at a full forward per draft) and the synthetic EAGLE head (the
+# target cut after its first layer)
+MODEL_PROPOSERS = ("draft", "eagle")
+DRAFT_COST = 0.1  # simulated draft: a forward at a tenth of the target's decode step
 
 
 class RepeatedPhrase(Workload):
@@ -113,11 +118,12 @@ def synthetic(n: int, prompt_len: int, output_len: int) -> SyntheticWorkload:
                              arrival="batch", num_prefix_groups=0, num_priorities=1, seed=0)
 
 
-def spec_overrides(k: int, alpha: float | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+def spec_overrides(k: int, alpha: float | None = None, extra: tuple[str, ...] = (),
+                   proposer: str = "ngram") -> list[str]:
     """The speculative option for k drafts (k = 0: off) and, simulated, its acceptance."""
     if k == 0:
         return ["speculative=none"]
-    out = ["speculative=ngram", f"speculative.num_speculative_tokens={k}", *extra]
+    out = [f"speculative={proposer}", f"speculative.num_speculative_tokens={k}", *extra]
     if isinstance(alpha, float):
         out.append(f"sim.spec.acceptance_rate={alpha}")
     return out
@@ -128,6 +134,7 @@ def run_point(part: str, name: str, workload: Workload, k: int, overrides: list[
     """One run: its summary, the acceptance its steps counted and, real with drafts, what the
     ngram lookup alone costs a step of its requests."""
     cfg = compose_config([*overrides, "logger=[]", "seed=0"])
+    proposer = next(o.split("=", 1)[1] for o in overrides if o.startswith("speculative="))
     start = time.perf_counter()
     engine = LLMEngine(cfg)
     steps = InMemoryLogger()
@@ -139,10 +146,12 @@ def run_point(part: str, name: str, workload: Workload, k: int, overrides: list[
         if jsonl is not None:
             jsonl.close(summary)
         lookup = (lookup_ms(reqs, engine.model_info.vocab_size, cfg.speculative)
-                  if k and part == "real" else "")
+                  if k and part == "real" and proposer == "ngram" else "")
     finally:
         engine.shutdown()
-    return {"part": part, "lookup_ms": lookup, "workload": name, "requests": len(reqs), "k": k,
+    return {"part": part, "lookup_ms": lookup, "workload": name,
+            "proposer": proposer,
+            "requests": len(reqs), "k": k,
             "output_tok_s": round(summary.output_throughput, 1),
             "tpot_p50_ms": round(1e3 * (summary.tpot_p50 or 0), 2),
             "e2e_p50_s": round(summary.e2e_p50 or 0, 3), "steps": len(steps.steps),
@@ -243,22 +252,27 @@ def break_even(ratio: float, k: int) -> float:
 
 
 def real_part(smoke: bool, repeats: int, measured_dir: Path) -> list[dict]:
-    """tiny_llama on this CPU: the three workloads x k, repeats interleaved."""
+    """tiny_llama on this CPU: the three workloads x k for ngram, and the model-based proposers
+    on the repetitive and random ones; repeats interleaved."""
     n, prompt, output = (4, 64, 16) if smoke else (16, 128, 64)
     vocab_prompt = synthetic(n, prompt, output)
     workloads = {"repetitive": (RepeatedPhrase(synthetic(n, prompt, output)), ()),
                  "random": (synthetic(n, prompt, output), ()),
                  "probe": (EveryToken(vocab_prompt), ("speculative.prompt_lookup_min=1",))}
     ks = (0, 3) if smoke else KS
-    runs: dict[tuple[str, int], list[dict]] = {}
+    points = [(name, "ngram", k) for name in workloads for k in ks]
+    points += [(name, proposer, k) for name in ("repetitive", "random")
+               for proposer in MODEL_PROPOSERS for k in ks if 0 < k <= 3]
+    runs: dict[tuple[str, str, int], list[dict]] = {}
     for _ in range(repeats):
-        for name, (workload, extra) in workloads.items():
-            for k in ks:
-                keep = measured_dir if (name, k) == ("repetitive", max(ks)) else None
-                row = run_point("real", name, workload, k,
-                                [*REAL, *spec_overrides(k, extra=extra)], keep)
-                print_row(row)
-                runs.setdefault((name, k), []).append(row)
+        for name, proposer, k in points:
+            workload, extra = workloads[name]
+            keep = measured_dir if (name, proposer, k) == ("repetitive", "ngram", max(ks)) else None
+            row = run_point("real", name, workload, k,
+                            [*REAL, *spec_overrides(k, extra=extra if proposer == "ngram" else (),
+                                                    proposer=proposer)], keep)
+            print_row(row)
+            runs.setdefault((name, proposer, k), []).append(row)
     return [fastest(r) for r in runs.values()]
 
 
@@ -277,6 +291,13 @@ def simulated_part(smoke: bool, measured_dir: Path) -> list[dict]:
                                     [*model, *spec_overrides(k, alpha)])
                     rows.append({**row, "alpha": alpha if alpha is not None else ""})
                     print_row(rows[-1])
+            for k in KS[1:]:
+                for alpha in ALPHAS[2:]:
+                    row = run_point("simulated", "llama3_8b", work, k, [
+                        *model, *spec_overrides(k, alpha, proposer="draft"),
+                        f"sim.spec.draft_cost_ratio={DRAFT_COST}"])
+                    rows.append({**row, "alpha": alpha})
+                    print_row(rows[-1])
             if (measured_dir / "steps.jsonl").is_file():
                 k = 3
                 row = run_point("simulated", "llama3_8b", work, k,
@@ -292,13 +313,13 @@ def print_row(row: dict) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| part | workload | requests | k | alpha | output tok/s | speedup | TPOT p50 ms | "
+    head = ("| part | workload | proposer | requests | k | alpha | output tok/s | speedup | TPOT p50 ms | "
             "E2E p50 s | steps | decode step ms | lookup ms | verifications | accepted / drafts | mean accepted | "
             "per position |")
-    lines = [head, "|" + "---|" * 16]
+    lines = [head, "|" + "---|" * 17]
     for r in rows:
         lines.append(
-            f"| {r['part']} | {r['workload']} | {r['requests']} | {r['k']} | "
+            f"| {r['part']} | {r['workload']} | {r['proposer']} | {r['requests']} | {r['k']} | "
             f"{r.get('alpha', '')} | {r['output_tok_s']} | {r['speedup']} | "
             f"{r['tpot_p50_ms']} | {r['e2e_p50_s']} | {r['steps']} | {r['decode_step_ms']} | "
             f"{r['lookup_ms']} | "
@@ -310,7 +331,8 @@ def table(rows: list[dict]) -> str:
 def probe_lines(rows: list[dict]) -> list[str]:
     """What verifying k drafts costs on this CPU (probe: drafts every step) and the
     per-position acceptance at which it would pay."""
-    probe = {r["k"]: r for r in rows if r["part"] == "real" and r["workload"] == "probe"}
+    probe = {r["k"]: r for r in rows if r["part"] == "real" and r["workload"] == "probe"
+             and r["proposer"] in ("none", "ngram")}
     if 0 not in probe:
         return []
     out = []
@@ -358,11 +380,14 @@ def plot(rows: list[dict], path: Path) -> None:
 
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
+        if r["k"] == 0:
+            continue
         if r["part"] == "real":
-            groups.setdefault(("real, CPU, tiny_llama", r["workload"]), []).append(r)
+            groups.setdefault(("real, CPU, tiny_llama",
+                               f"{r['workload']}, {r['proposer']}"), []).append(r)
         elif r["alpha"] != "" and not str(r["alpha"]).startswith("measured"):
             groups.setdefault((f"simulated H100, Llama-3-8B, {r['requests']} requests",
-                               f"alpha {r['alpha']}"), []).append(r)
+                               f"{r['proposer']}, alpha {r['alpha']}"), []).append(r)
     panels = list(dict.fromkeys(g[0] for g in groups))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, panel in zip(axes[0], panels):
@@ -380,7 +405,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xlabel("drafts per step k (0: off)")
         ax.set_ylabel("output tok/s over k=0")
         ax.legend(fontsize=7)
-    fig.suptitle("speculative=ngram: throughput vs k")
+    fig.suptitle("speculative decoding: throughput vs k")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
