@@ -2,7 +2,7 @@
 the drafts per step k in {0 (off), 1, 3, 5}, real on this CPU and simulated on an H100. One
 command:
 
-    python experiments/speculative/run.py             # ~40 s on 2 idle cores: both parts
+    python experiments/speculative/run.py             # ~1.5 min on 2 idle cores: both parts
     python experiments/speculative/run.py --smoke     # ~15 s: fewer requests and points
 
 Two parts:
