@@ -1,5 +1,5 @@
-"""What the model-based proposers (a draft model, DeepSeek's MTP layers) share: their own KV cache
-in the target's blocks, their forwards' inputs, the greedy pick.
+"""What the model-based proposers (a draft model, DeepSeek's MTP layers, an EAGLE head) share:
+their own KV cache in the target's blocks, their forwards' inputs, the greedy pick.
 
 KV (vLLM's layout for draft models): the proposer's layers get KV tensors of their own, each with
 the target's number of blocks, paged by the target's block table and slot mapping of KV cache
