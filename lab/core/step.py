@@ -78,7 +78,7 @@ class StepShape:
     num_new_reqs: int = 0  # admitted or resumed this step
     num_finished_reqs: int = 0  # known after the step (the simulator's executor sets it)
     after_idle: bool = False  # the engine waited for an arrival before it (the simulator sets it)
-    num_draft_tokens: int = 0  # drafts the step verifies (the simulator's executor sets it)
+    num_draft_tokens: int = 0  # drafts the step verifies (the scheduler sets it)
 
     @property
     def num_prefill_tokens(self) -> int:

@@ -137,8 +137,8 @@ class SimExecutor(Executor):
         if sizing.num_gpu_blocks is not None:
             return sizing.num_gpu_blocks
         if self.device.is_cpu:
-            available = cpu_kv_bytes(sizing.cpu_kv_cache_gb, self.hf_config,
-                                     self.config.knobs.block_size, self.bytes_per_block)
+            available = cpu_kv_bytes(sizing, self.hf_config, self.config.knobs.block_size,
+                                     self.bytes_per_block)
         else:
             available = gpu_kv_bytes(self.target, sizing.gpu_memory_utilization,
                                      self.config.knobs.max_num_batched_tokens, self.config.knobs.max_num_seqs)
@@ -238,14 +238,11 @@ class SimExecutor(Executor):
                      after_idle: bool = False) -> float:
         """The step's predicted time (`finishing`: requests its tokens finish, whose outputs and
         frees the engine's CPU pays for; `after_idle`: the engine waited for an arrival before
-        it; the drafts it verifies: their LM-head rows), its tensor-parallel collectives (0 at
-        TP=1) and its swap copies over the host link (each rank copies its own blocks over its
-        own link)."""
+        it), its tensor-parallel collectives (0 at TP=1) and its swap copies over the host link
+        (each rank copies its own blocks over its own link)."""
         shape = sched.shape
-        drafts = sum(len(d) for d in sched.scheduled_spec_decode_tokens.values())
-        if finishing or after_idle or drafts:
-            shape = replace(shape, num_finished_reqs=finishing, after_idle=after_idle,
-                            num_draft_tokens=drafts)
+        if finishing or after_idle:
+            shape = replace(shape, num_finished_reqs=finishing, after_idle=after_idle)
         swapped = (shape.swap_in_blocks + shape.swap_out_blocks) * self.bytes_per_block
         comm = 0.0 if self.step_time.includes_comm else self.target.comm_seconds(shape)
         return (self.step_time.predict(shape) + comm
