@@ -76,6 +76,7 @@ def run_job(cfg: DictConfig) -> None:
     try:
         with failure_marked(run_dir, "start"):
             validate_config(cfg)
+            demonstration_cache(cfg)
             (run_dir / "config.yaml").write_text(run_config_yaml(cfg, hydra_choices()))
             loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values()]
             engine = LLMEngine(cfg, loggers=loggers)
@@ -92,6 +93,22 @@ def run_job(cfg: DictConfig) -> None:
         summary = replay(engine, requests)
         for logger in loggers:
             logger.close(summary)
+
+
+def demonstration_cache(cfg: DictConfig) -> None:
+    """On a CPU, unless a KV cache size was given: a cache of one request of the model's
+    context (cpu_kv_cache_requests=1), so the default workload, whose requests together want
+    more, preempts, as the demonstration means to show; said in the output. LLM(...) and
+    `lab serve` size their cache from memory instead (lab.cache.sizing.cpu_kv_bytes)."""
+    from lab.platform import resolve_device
+
+    given = ("num_gpu_blocks", "cpu_kv_cache_gb", "cpu_kv_cache_requests")
+    if resolve_device(cfg.device).type != "cpu" or any(cfg.get(k) is not None for k in given):
+        return
+    cfg.cpu_kv_cache_requests = 1
+    log.info("KV cache: one request of the model's context (cpu_kv_cache_requests=1, run.py's "
+             "demonstration: its workload preempts); cpu_kv_cache_requests=N, cpu_kv_cache_gb="
+             "GiB or num_gpu_blocks=N size it, and LLM(...) and lab serve size it from memory")
 
 
 @contextmanager

@@ -199,6 +199,24 @@ class CudaGraphSupport(enum.Enum):
     UNIFORM_DECODE = "uniform_decode"  # one new token per request (padded); others run eagerly
 
 
+ALIGNMENT = 64  # bytes: what torch's CPU allocator gives, a cache line (vector loads)
+
+
+def zeroed_cpu_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero-filled CPU tensor whose pages the OS zeroes on first touch: numpy's zeros (calloc,
+    anonymous pages for a large array) instead of torch.zeros, which writes every byte at
+    once. 64-byte aligned, as torch's allocator aligns; the storage is owned by the numpy
+    array the tensor views."""
+    import numpy as np
+
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = np.zeros(count * itemsize + ALIGNMENT, dtype=np.uint8)
+    offset = -raw.ctypes.data % ALIGNMENT
+    flat = torch.from_numpy(raw[offset : offset + count * itemsize])
+    return flat.view(dtype).view(shape)
+
+
 class AttentionBackend(ABC):
     """Base class of the `attention` config group. Subclasses implement one attention algorithm."""
 
@@ -269,9 +287,15 @@ class AttentionBackend(ABC):
         self, kv_spec: KVCacheSpec, num_blocks: int, num_layers: int, device: torch.device
     ) -> KVCache:
         """One zeroed cache tensor per layer, shaped kv_spec.layer_shape(num_blocks); an fp8
-        cache also gets fresh (uncalibrated) per-layer scales."""
+        cache also gets fresh (uncalibrated) per-layer scales. On a CPU the zeros are the
+        operating system's (zeroed_cpu_tensor): a cache sized from memory costs the memory its
+        requests write, not its size, until they fill it."""
         shape = kv_spec.layer_shape(num_blocks)
-        layers = [torch.zeros(shape, dtype=kv_spec.dtype, device=device) for _ in range(num_layers)]
+        if torch.device(device).type == "cpu":
+            layers = [zeroed_cpu_tensor(shape, kv_spec.dtype) for _ in range(num_layers)]
+        else:
+            layers = [torch.zeros(shape, dtype=kv_spec.dtype, device=device)
+                      for _ in range(num_layers)]
         scales = KVScales(num_layers, device) if kv_spec.dtype == FP8_KV_DTYPE else None
         return KVCache(layers, scales)
 

@@ -60,12 +60,16 @@ class EngineKnobs:
     num_gpu_blocks: int | None = knob(
         None, "KV blocks, block 0 being the null block", ge=2, null="size the cache from memory")
     gpu_memory_utilization: float = knob(
-        0.9, "CUDA: fraction of GPU memory for weights + activations + KV", gt=0, le=1)
+        0.9, "CUDA: fraction of GPU memory for weights + activations + KV; CPU: the most of the "
+        "memory available at start the KV cache takes", gt=0, le=1)
     cpu_kv_cache_gb: float | None = knob(
         None, "CPU: KV-cache size", gt=0, unit="GiB",
-        null="room for one request of the model's context, at most 1 GiB",
-        details="null: max_position_embeddings tokens + the null block: 128 blocks of 16 "
-                "tokens for the tiny models, so the default workloads preempt")
+        null="from memory, as vLLM-CPU: room for cpu_kv_cache_requests requests of the model's "
+             "context, at most gpu_memory_utilization of the memory available at start")
+    cpu_kv_cache_requests: int | None = knob(
+        None, "CPU, cpu_kv_cache_gb unset: the KV cache holds this many requests of the model's "
+              "whole context (max_position_embeddings tokens each)", ge=1,
+        null="max_num_seqs (python run.py sets 1: its demonstration workload preempts)")
     enable_prefix_caching: bool = knob(
         True, "reuse KV blocks of shared prefixes (chained block hashes)")
     max_logprobs: int = knob(
@@ -81,8 +85,10 @@ class EngineKnobs:
         details="a CUDA device this machine lacks is refused")
     cpu_threads: int | None = knob(
         None, "torch CPU threads of the engine core", ge=1,
-        null="torch's default; in the core process of engine_client=async_mp: CPU cores - 1, "
-             "one left to the server, as vLLM-CPU reserves one")
+        null="auto: the cores free of other work at start (usable cores minus the 1-minute "
+             "load average, at least 1; OMP_NUM_THREADS when set; printed at start); in the "
+             "core process of "
+             "engine_client=async_mp one fewer, left to the server, as vLLM-CPU reserves one")
     engine_client: str = knob(
         "inproc", "where the engine core runs: inproc (the caller's thread), mp (its own "
         "process, synchronous client) or async_mp (its own process, asyncio client: lab serve's "

@@ -97,3 +97,4 @@ class CoreInfo:
     num_blocks: int
     max_model_len: int
     kv_bytes_per_token: int
+    cpu_threads: int = 0  # the core's torch threads (lab.engine.builder.set_cpu_threads)

@@ -6,6 +6,9 @@ the benchmarks build through it; it decides nothing itself (every piece is the c
 
 from __future__ import annotations
 
+import logging
+import os
+
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -17,10 +20,12 @@ from lab.config.worker import WorkerConfig
 from lab.core.model_info import model_context_limit
 from lab.core.protocol import CoreInfo
 from lab.engine.core import EngineCore, freeze_gc_heap
-from lab.platform import usable_cpu_cores
+from lab.platform import auto_cpu_threads, load_average, usable_cpu_cores
 from lab.scheduler.async_scheduler import AsyncScheduler
 from lab.scheduler.scheduler import Scheduler, SchedulerConfig
 from lab.speculative.base import SpecConfig
+
+log = logging.getLogger(__name__)
 
 
 def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
@@ -49,28 +54,38 @@ def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
                       block_hasher=make_block_hasher(knobs.block_size),
                       async_scheduling=knobs.async_scheduling)
     freeze_gc_heap()  # started (weights loaded, warmed up, compiled): what stays is static
+    import torch
+
     return core, CoreInfo(info, num_blocks, max_model_len,
-                          info.bytes_per_block // knobs.block_size)
+                          info.bytes_per_block // knobs.block_size, torch.get_num_threads())
 
 
-def core_cpu_threads(knob: int | None, engine_client: str) -> int | None:
-    """The engine core's torch threads (set_cpu_threads' rule); None: torch's default."""
-    return knob if knob is not None else (
-        cpu_threads_for_server_core() if engine_client == "async_mp" else None)
+def core_cpu_threads(knob: int | None, engine_client: str) -> int:
+    """The engine core's torch threads: the `cpu_threads` knob; unset, the cores free of other
+    work at start (lab.platform.auto_cpu_threads), one fewer in the core of an async_mp
+    frontend (a server: HTTP, detokenizing while the core steps), as vLLM-CPU reserves one for
+    its API server: on a small machine a torch thread that shares its core with the frontend
+    stalls every parallel region of the step. inproc and mp cores (whose frontend waits for
+    each step's results) reserve none: with one core less, an mp core ran a compute-bound batch
+    at half speed on 2 cores (lab.bench.ipc)."""
+    if knob is not None:
+        return knob
+    return auto_cpu_threads(reserve=1 if engine_client == "async_mp" else 0)
 
 
-def set_cpu_threads(knob: int | None, engine_client: str) -> None:
-    """torch's CPU threads for the engine core: the `cpu_threads` knob; unset, the core of an
-    async_mp frontend (a server: HTTP, detokenizing while the core steps) leaves it one core,
-    as vLLM-CPU reserves one for its API server — on a small machine, a torch thread that
-    shares its core with the frontend stalls every parallel region of the step — and inproc
-    and mp (whose frontend waits for each step's results) keep torch's default: with one core
-    less, an mp core ran a compute-bound batch at half speed on 2 cores (lab.bench.ipc)."""
+def set_cpu_threads(knob: int | None, engine_client: str) -> int:
+    """Set the engine core's torch threads (core_cpu_threads) and say how many, and why."""
+    import torch
+
     n = core_cpu_threads(knob, engine_client)
-    if n is not None:
-        import torch
-
-        torch.set_num_threads(n)
+    torch.set_num_threads(n)
+    omp = os.environ.get("OMP_NUM_THREADS")
+    why = ("cpu_threads" if knob is not None else f"OMP_NUM_THREADS={omp}" if omp else
+           f"the cores free at start: load average {load_average():.1f}"
+           + (", one left to the server" if engine_client == "async_mp" else "")
+           + "; cpu_threads=N sets them")
+    log.info("torch threads: %d of %d cores (%s)", n, usable_cpu_cores(), why)
+    return n
 
 
 def cpu_threads_for_server_core() -> int:

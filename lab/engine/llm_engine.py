@@ -55,6 +55,7 @@ class LLMEngine:
         self.weight_bytes = info.model_info.weight_bytes  # parameters after quantization
         self.num_blocks, self.max_model_len = info.num_blocks, info.max_model_len
         self.kv_bytes_per_token = info.kv_bytes_per_token
+        self.cpu_threads = info.cpu_threads  # the core's torch threads
         # whether this run's Triton kernels run in Triton's interpreter (slow: smaller workloads)
         self.triton_interpreted = info.model_info.triton_interpreted
         path = info.model_info.tokenizer_path

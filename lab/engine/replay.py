@@ -67,7 +67,6 @@ def run_setup(engine: LLMEngine) -> dict[str, str]:
     from omegaconf import OmegaConf
 
     from lab.config.dtypes import resolve_dtype_name
-    from lab.engine.builder import core_cpu_threads
     from lab.platform import resolve_device, source_commit
     from lab.speculative.base import SpecConfig
 
@@ -80,11 +79,7 @@ def run_setup(engine: LLMEngine) -> dict[str, str]:
     for group in COMPONENTS:
         target = cfg[group]._target_
         setup[group] = str(getattr(get_object(target), "name", "") or target.rsplit(".", 1)[-1])
-    threads = core_cpu_threads(cfg.get("cpu_threads"), cfg.engine_client)
-    if threads is None:
-        import torch
-
-        threads = torch.get_num_threads()
+    threads = engine.cpu_threads
     spec = SpecConfig.of(OmegaConf.to_container(cfg.speculative, resolve=True)
                          if cfg.get("speculative") else None)
     setup["speculative"] = (f"{spec.name} k={spec.num_speculative_tokens}"

@@ -183,7 +183,8 @@ class Worker:
             budget = f" = {profile.describe(sizing.gpu_memory_utilization)}"
             log.info("KV cache budget: %.2f GiB%s", available / 2**30, budget)
         else:
-            available = self._cpu_kv_bytes(sizing.cpu_kv_cache_gb)
+            available = cpu_kv_bytes(sizing, self.hf_config, self.block_size,
+                                     self.bytes_per_block)
         num_blocks = available // self.bytes_per_block
         if num_blocks < 2:
             fix = ("lower max_num_batched_tokens or raise gpu_memory_utilization"
@@ -193,9 +194,6 @@ class Worker:
                 f"{budget}; {self.bytes_per_block} bytes per block, 2 blocks at least); {fix}"
             )
         return int(num_blocks)
-
-    def _cpu_kv_bytes(self, cpu_kv_cache_gb: float | None) -> int:
-        return cpu_kv_bytes(cpu_kv_cache_gb, self.hf_config, self.block_size, self.bytes_per_block)
 
     def _graph_memory(self) -> int:
         """Bytes the decode CUDA graphs take: captured once in a throw-away runner (a 2-block

@@ -166,7 +166,6 @@ if __name__ == "__main__":
 def test_a_killed_frontend_leaves_no_core_process(tmp_path):
     """SIGKILL the frontend (no atexit, no shutdown): its core process ends within seconds
     instead of waiting forever on a socket nobody writes (before: orphans, parent pid 1)."""
-    import os
     import signal
 
     front = start_script(tmp_path / "frontend.py", FRONTEND)
@@ -191,23 +190,28 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_cpu_threads_default_leaves_a_core_only_to_a_server():
-    """Unset cpu_threads: an async_mp core (a server frontend works while it steps) leaves one
-    core; inproc and mp (whose frontend waits on the results) keep torch's default threads;
-    the knob wins over both."""
+def test_cpu_threads_default_takes_the_free_cores_and_leaves_one_to_a_server():
+    """Unset cpu_threads: the cores free of other work (cores minus the load average; the
+    environment's OMP_NUM_THREADS instead when set), one fewer in an async_mp core (a server
+    frontend works while it steps); the knob wins over both; what was set is returned."""
     import torch
 
-    from lab.engine.builder import cpu_threads_for_server_core, set_cpu_threads
+    from lab.engine.builder import set_cpu_threads
+    from lab.platform import auto_cpu_threads
 
+    assert auto_cpu_threads(cores=2, load=0.3, env={}) == 2
+    assert auto_cpu_threads(cores=2, load=1.2, env={}) == 1  # another process holds a core
+    assert auto_cpu_threads(cores=2, load=6.0, env={}) == 1  # never 0
+    assert auto_cpu_threads(cores=8, load=0.0, env={}) == 8
+    assert auto_cpu_threads(reserve=1, cores=8, load=2.0, env={}) == 5
+    assert auto_cpu_threads(cores=8, load=7.0, env={"OMP_NUM_THREADS": "3"}) == 3
+    assert auto_cpu_threads(reserve=1, cores=2, load=0.0, env={"OMP_NUM_THREADS": "1"}) == 1
     default = torch.get_num_threads()
     try:
-        for client in ("inproc", "mp"):
-            set_cpu_threads(None, client)
-            assert torch.get_num_threads() == default
-        set_cpu_threads(None, "async_mp")
-        assert torch.get_num_threads() == cpu_threads_for_server_core()
-        assert cpu_threads_for_server_core() == max(1, len(os.sched_getaffinity(0)) - 1)
-        set_cpu_threads(1, "mp")
-        assert torch.get_num_threads() == 1
+        assert set_cpu_threads(None, "inproc") == auto_cpu_threads() == torch.get_num_threads()
+        assert set_cpu_threads(None, "async_mp") == auto_cpu_threads(reserve=1)
+        assert set_cpu_threads(1, "mp") == 1 == torch.get_num_threads()
     finally:
         torch.set_num_threads(default)
+
+

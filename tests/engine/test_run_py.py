@@ -27,6 +27,7 @@ def test_run_py_writes_statistics(tmp_path):
     assert setup["preemption"] == "recompute" and setup["quant"] == "none"
     assert {"dtype", "device", "attention", "kernels", "executor", "threads", "commit"} <= set(setup)
     assert "tiny_llama" in out and "scheduler fcfs" in out
+    assert f"torch threads: {setup['threads']} of " in out  # said at start, and why
     requests = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert len(requests) == 12 and len(steps) == summary["num_steps"]

@@ -42,8 +42,9 @@ def test_llm_with_executor_sim_generates_to_max_tokens_on_a_virtual_clock():
 
 
 def test_sim_on_the_cpu_plans_the_real_cpu_workers_cache():
-    real = LLM("tiny_llama", device="cpu").engine
-    sim = LLM("tiny_llama", executor="sim", **{"sim.device": "cpu"}).engine
+    one = {"cpu_kv_cache_requests": 1}  # one request of the context: 2048 / 16 + the null block
+    real = LLM("tiny_llama", device="cpu", **one).engine
+    sim = LLM("tiny_llama", executor="sim", **{"sim.device": "cpu"}, **one).engine
     assert sim.num_blocks == real.num_blocks == 129
     assert sim.model_info.bytes_per_block == real.model_info.bytes_per_block
     assert sim.weight_bytes == real.weight_bytes  # fp32 on the simulated cpu, as on the real one

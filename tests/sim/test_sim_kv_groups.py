@@ -50,7 +50,7 @@ GROUPS = {  # tiny_llama's 2 layers
 @pytest.mark.parametrize("pattern,hybrid", list(GROUPS))
 def test_sim_plans_the_real_cpu_workers_groups_blocks_and_context(monkeypatch, pattern, hybrid):
     slide(monkeypatch, pattern, WINDOW)
-    knobs = {"cache.hybrid": hybrid}
+    knobs = {"cache.hybrid": hybrid, "cpu_kv_cache_requests": 1}
     real = LLM("tiny_llama", device="cpu", **knobs).engine
     sim = LLM("tiny_llama", executor="sim", **{"sim.device": "cpu"}, **knobs).engine
     assert sim.model_info.kv_groups == real.model_info.kv_groups == GROUPS[pattern, hybrid]

@@ -97,6 +97,25 @@ def test_a_cpu_worker_without_a_probe_sizes_from_cpu_kv_cache_gb(config):
     assert blocks == int(0.001 * 2**30) // worker.bytes_per_block
 
 
+def test_a_cpu_cache_is_sized_from_memory_for_the_requests_it_can_serve():
+    """cpu_kv_cache_gb unset: room for cpu_kv_cache_requests (unset: max_num_seqs) requests of
+    the model's whole context, at most gpu_memory_utilization of the memory available, as
+    vLLM-CPU sizes its cache from memory; GiB when set."""
+    from types import SimpleNamespace
+
+    from lab.cache.sizing import cpu_kv_bytes
+
+    cfg = SimpleNamespace(max_position_embeddings=2048)
+    block = 8192  # bytes
+    plenty = 2**40
+    for knobs, blocks in ((EngineKnobs(max_num_seqs=4), 4 * 128 + 1),
+                          (EngineKnobs(max_num_seqs=4, cpu_kv_cache_requests=1), 129)):
+        assert cpu_kv_bytes(knobs, cfg, 16, block, available=plenty) == blocks * block
+    capped = cpu_kv_bytes(EngineKnobs(), cfg, 16, block, available=100 * 2**20)
+    assert capped == int(100 * 2**20 * EngineKnobs().gpu_memory_utilization)
+    assert cpu_kv_bytes(EngineKnobs(cpu_kv_cache_gb=0.5), cfg, 16, block, 1) == 2**29
+
+
 def test_decode_graphs_are_one_more_term_of_the_budget(monkeypatch):
     """With capture sizes, the worker captures the decode graphs once in a throw-away runner
     before the profile step and takes what they added to the device's used memory off the KV
