@@ -60,8 +60,8 @@ def load_average() -> float:
 def auto_cpu_threads(reserve: int = 0, cores: int | None = None, load: float | None = None,
                      env: Mapping[str, str] | None = None) -> int:
     """torch threads that do not fight other work for the cores: the usable cores minus the
-    1-minute load average (rounded: the cores other processes keep busy) minus `reserve`, at
-    least 1. A parallel region waits for its slowest thread, so one thread on a core another
+    whole cores the 1-minute load average keeps busy (its integer part: a load below 1 is
+    mostly this process's own recent start-up) minus `reserve`, at least 1. A parallel region waits for its slowest thread, so one thread on a core another
     process holds stalls every region of a step: at load ~6 on 2 cores, 2 threads decoded at
     25-130 ms a step where 1 thread took 1.8 ms. An OMP_NUM_THREADS in the environment (a
     launcher's or the user's choice, which torch's own default obeys) replaces the count of
@@ -72,7 +72,7 @@ def auto_cpu_threads(reserve: int = 0, cores: int | None = None, load: float | N
         return max(1, int(chosen) - reserve)
     cores = usable_cpu_cores() if cores is None else cores
     load = load_average() if load is None else load
-    return max(1, min(cores, round(cores - load)) - reserve)
+    return max(1, min(cores, cores - int(load)) - reserve)
 
 
 def rank_device(device: str, rank: int, world_size: int) -> torch.device:

@@ -199,7 +199,7 @@ def test_cpu_threads_default_takes_the_free_cores_and_leaves_one_to_a_server():
     from lab.engine.builder import set_cpu_threads
     from lab.platform import auto_cpu_threads
 
-    assert auto_cpu_threads(cores=2, load=0.3, env={}) == 2
+    assert auto_cpu_threads(cores=2, load=0.8, env={}) == 2
     assert auto_cpu_threads(cores=2, load=1.2, env={}) == 1  # another process holds a core
     assert auto_cpu_threads(cores=2, load=6.0, env={}) == 1  # never 0
     assert auto_cpu_threads(cores=8, load=0.0, env={}) == 8
