@@ -76,6 +76,7 @@ def run_job(cfg: DictConfig) -> None:
     try:
         with failure_marked(run_dir, "start"):
             validate_config(cfg)
+            say_a_switched_model(hydra_choices())
             demonstration_cache(cfg)
             (run_dir / "config.yaml").write_text(run_config_yaml(cfg, hydra_choices()))
             loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values()]
@@ -93,6 +94,28 @@ def run_job(cfg: DictConfig) -> None:
         summary = replay(engine, requests)
         for logger in loggers:
             logger.close(summary)
+
+
+def say_a_switched_model(choices: dict[str, str]) -> None:
+    """When an option given on the command line chose the model by its defaults (attention=
+    triton_mla runs the embedded MLA model), say which model runs and why."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+    model = choices.get("model")
+    if "model" in given or model is None or model == default_option("model"):
+        return
+    chosen_by = [f"{g}={choices[g]}" for g in sorted(given) if g in choices and g != "model"]
+    log.info("model: %s, chosen by the defaults of %s (model=NAME runs another)", model,
+             ", ".join(chosen_by) or "an option given")
+
+
+def default_option(group: str) -> str | None:
+    """The option lab/conf/config.yaml's defaults list gives `group`."""
+    from lab.config.compose import CONF_DIR
+
+    for entry in OmegaConf.load(Path(CONF_DIR) / "config.yaml").defaults:
+        if isinstance(entry, DictConfig) and group in entry:
+            return str(entry[group])
+    return None
 
 
 def demonstration_cache(cfg: DictConfig) -> None:

@@ -28,6 +28,8 @@ def test_run_py_writes_statistics(tmp_path):
     assert {"dtype", "device", "attention", "kernels", "executor", "threads", "commit"} <= set(setup)
     assert "tiny_llama" in out and "scheduler fcfs" in out
     assert f"torch threads: {setup['threads']} of " in out  # said at start, and why
+    assert "chosen by the defaults" not in out  # the model is the default one
+    assert "KV cache: one request of the model's context" not in out  # num_gpu_blocks given
     requests = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert len(requests) == 12 and len(steps) == summary["num_steps"]
@@ -56,6 +58,8 @@ def test_run_py_design_card_command_on_the_embedded_deepseek(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert config["model"]["name"] == "tiny_deepseek"
+    assert ("model: tiny_deepseek, chosen by the defaults of attention=triton_mla"
+            in proc.stdout + proc.stderr)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["num_requests"] == 8 and summary["num_finished"] == {"length": 8}
     assert summary["num_preemptions"] > 0 and summary["swap_out_blocks"] > 0
