@@ -13,6 +13,7 @@ from lab.config.validate import validate_knobs
 from lab.logits_processors.base import LogitsProcessor, LogitsProcessorContext
 from lab.metrics.base import StatLogger
 from tests.options import options
+from tests.waits import WAIT_S
 
 LISTS = ("logger", "logits_processors")  # the multi-choice groups
 SINGLE = [g for g in GROUPS if g not in LISTS]
@@ -65,7 +66,7 @@ def test_unknown_option_lists_choices():
 def test_unknown_option_on_the_command_line_prints_choices(tmp_path):
     proc = subprocess.run(
         [sys.executable, "run.py", "scheduler=nope", f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, cwd=CONF_DIR.parents[1], timeout=120)
+        capture_output=True, text=True, cwd=CONF_DIR.parents[1], timeout=WAIT_S)
     assert proc.returncode == 2  # one line, before Hydra (whose own error is its search path)
     assert "scheduler=nope is not an option of scheduler: " in proc.stderr
     assert "fcfs" in proc.stderr and "Traceback" not in proc.stderr

@@ -13,6 +13,7 @@ from lab import LLM, SamplingParams
 from lab.engine.client import EngineDeadError
 from lab.metrics.memory import InMemoryLogger
 from tests.procs import start_script
+from tests.waits import WAIT_S
 
 KNOBS = dict(attention="torch", num_gpu_blocks=64, block_size=4, max_model_len=128)
 PROMPTS = ["Hello world", "The cat sat", [5, 6, 7, 8]]
@@ -172,8 +173,8 @@ def test_a_killed_frontend_leaves_no_core_process(tmp_path):
     try:
         core_pid = int(front.stdout.readline())
         os.kill(front.pid, signal.SIGKILL)
-        front.wait(10)
-        deadline = time.monotonic() + 10
+        front.wait(WAIT_S)
+        deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline and _alive(core_pid):
             time.sleep(0.05)
         assert not _alive(core_pid)

@@ -32,6 +32,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.waits import WAIT_S
+
 PRELUDE = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -88,7 +90,7 @@ def _get_worker() -> subprocess.Popen:
 def _stop(worker: subprocess.Popen) -> None:
     if worker.poll() is None:
         worker.stdin.close()
-        worker.wait(timeout=30)
+        worker.wait(timeout=WAIT_S)
 
 
 def compile_for_sm90(body: str, **env_vars: str) -> SimpleNamespace:
@@ -101,7 +103,7 @@ def compile_for_sm90(body: str, **env_vars: str) -> SimpleNamespace:
     worker.stdin.flush()
     line = worker.stdout.readline()
     if not line:  # the worker died (its stderr says why); the next call starts another
-        worker.wait(timeout=30)
+        worker.wait(timeout=WAIT_S)
         worker.log.seek(0)
         raise AssertionError(f"sm_90 compile worker died:\n{worker.log.read()[-3000:]}")
     answer = json.loads(line)

@@ -9,6 +9,7 @@ from prometheus_client import REGISTRY
 from lab.metrics.base import StatLogger
 from lab.metrics.prometheus import PrometheusLogger
 from tests.metrics.scripted import run_script
+from tests.waits import WAIT_S
 
 LABELS = {"model_name": "tiny_llama"}
 
@@ -28,7 +29,7 @@ class GaugeSpy(StatLogger):
                              get("lab:kv_cache_usage_perc", LABELS)))
         if self.served is None:
             url = f"http://127.0.0.1:{self.prom.server_port}/metrics"
-            self.served = urllib.request.urlopen(url, timeout=10).read().decode()
+            self.served = urllib.request.urlopen(url, timeout=WAIT_S).read().decode()
 
     def on_request(self, stats) -> None:
         pass

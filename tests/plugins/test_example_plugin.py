@@ -15,6 +15,7 @@ from lab import LLM, SamplingParams
 from lab.config.listing import main as list_knobs
 from lab.config.plugins import group_options, installed_plugins
 from lab.config.validate import check_command_line
+from tests.waits import WAIT_S
 
 INSTALLED = any(p.name == "example" for p in installed_plugins())
 pytestmark = pytest.mark.skipif(not INSTALLED, reason="the example plug-in is not installed: "
@@ -136,10 +137,10 @@ def test_its_processor_reads_vllm_xargs_through_the_server():
     a = AsyncLLM(llm.engine)
     try:
         with serving(build_app(a, "tiny_llama")) as url:
-            r = httpx.post(url + "/v1/completions", timeout=30, json={
+            r = httpx.post(url + "/v1/completions", timeout=WAIT_S, json={
                 "prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "ignore_eos": True,
                 "vllm_xargs": {"banned_token_ids": banned}})
-            bad = httpx.post(url + "/v1/completions", timeout=30, json={
+            bad = httpx.post(url + "/v1/completions", timeout=WAIT_S, json={
                 "prompt": PROMPTS[0], "max_tokens": 1, "vllm_xargs": {"x": {"nested": 1}}})
     finally:
         a.shutdown()

@@ -12,6 +12,7 @@ from lab.engine.llm import LLM
 from lab.serve.api_server import build_app
 from lab.serve.limits import ServerLimits
 from tests.serve.uvicorn_thread import serving
+from tests.waits import WAIT_S
 
 KW = dict(attention="torch", num_gpu_blocks=64, block_size=4, max_model_len=128)
 MAX_N = 4  # the servers' max_n (a request asks for at most 4 completions)
@@ -38,9 +39,8 @@ def server(request, llm):
         async_llm.shutdown()
 
 
-# a bound on a hung server, not on a busy machine: at a load of 3x the cores one fuzz request
-# outlasted a 30 s timeout (a FlakyFailure of test_fuzz_json_bodies), though nothing was wrong
-CLIENT_TIMEOUT_S = 300
+# a bound on a hung server, not on a busy machine (tests/waits.py)
+CLIENT_TIMEOUT_S = WAIT_S
 
 
 @pytest.fixture(scope="module")

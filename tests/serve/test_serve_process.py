@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from lab.bench.server_process import ServerProcess, free_port, metric
+from tests.waits import WAIT_S
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEY = "test-key"
@@ -92,7 +93,7 @@ def test_an_oversized_body_is_refused_before_parsing(srv):
 
 
 def test_requests_beyond_the_concurrency_limit_get_429(srv):
-    with httpx.Client(base_url=srv.url, headers=AUTH, timeout=60) as c:
+    with httpx.Client(base_url=srv.url, headers=AUTH, timeout=WAIT_S) as c:
         streams = [c.stream("POST", "/v1/completions", json=LONG | {"stream": True})
                    for _ in range(3)]
         opened = [s.__enter__() for s in streams]
@@ -103,7 +104,7 @@ def test_requests_beyond_the_concurrency_limit_get_429(srv):
         finally:
             for s in streams:
                 s.__exit__(None, None, None)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + WAIT_S
         while (r := c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})) \
                 .status_code == 429 and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -133,7 +134,7 @@ def test_sigterm_finishes_cleanly_within_the_grace_period(srv):
     gone. (It ends the shared server: the tests after it start their own.)"""
     assert list(srv.tmp.glob("lab-core-*"))  # the core's IPC sockets live here
     with httpx.stream("POST", srv.url + "/v1/completions", json=LONG | {"stream": True},
-                      headers=AUTH, timeout=60) as r:
+                      headers=AUTH, timeout=WAIT_S) as r:
         it = r.iter_lines()
         next(it)
         srv.proc.send_signal(signal.SIGTERM)
@@ -155,11 +156,11 @@ def test_sigterm_while_the_engine_starts_cleans_up(tmp_path):
         cwd=REPO, env={**os.environ, "TMPDIR": str(tmp_path)}, stderr=subprocess.PIPE,
         text=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + WAIT_S
         while not list(tmp_path.glob("lab-core-*")) and time.monotonic() < deadline:
             time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=WAIT_S)
     finally:
         proc.kill()
     assert proc.returncode == 1
@@ -172,7 +173,7 @@ def _plain_in_background(url: str, body: dict) -> tuple[threading.Thread, dict]:
     got: dict = {}
 
     def post():
-        got["r"] = httpx.post(url + "/v1/completions", json=body, timeout=60)
+        got["r"] = httpx.post(url + "/v1/completions", json=body, timeout=WAIT_S)
 
     t = threading.Thread(target=post)
     t.start()
@@ -195,7 +196,7 @@ def test_a_dead_or_hung_core_fails_requests_alike(fault, tmp_path):
             assert httpx.get(s.url + "/health").status_code == 200
         t, got = _plain_in_background(s.url, LONG)
         with httpx.stream("POST", s.url + "/v1/completions", json=LONG | {"stream": True},
-                          timeout=60) as r:
+                          timeout=WAIT_S) as r:
             it = r.iter_lines()
             next(it)
             os.kill(core, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)

@@ -79,7 +79,7 @@ def test_200_streams_with_random_disconnects(served, reference_llm):
 
     async def main():
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
-        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as c:
+        async with httpx.AsyncClient(base_url=url, timeout=CLIENT_TIMEOUT_S, limits=limits) as c:
             return await asyncio.gather(*(one(c, i) for i in range(200)))
 
     texts = asyncio.run(main())

@@ -38,6 +38,7 @@ from lab.worker.ubatch import (
     ubatch_slices,
 )
 from lab.worker.ubatch_overlap import DualBatchOverlap, TakeTurns
+from tests.waits import WAIT_S
 
 BS = 4
 # (cached, new) per request: decode, a prefill chunk after 5 cached tokens (the split point,
@@ -119,7 +120,7 @@ def test_take_turns_alternates_and_lets_the_last_run_on():
         t.start()
     turns.begin()
     for t in threads:
-        t.join(timeout=10)
+        t.join(timeout=WAIT_S)
     assert log == [(0, 0), (1, 0), (0, 1), (1, 1), (1, 2), (1, 3)]
 
 
