@@ -309,13 +309,17 @@ class MPClient:
         except (zmq.ZMQError, AttributeError, ValueError):
             pass
         finally:
-            for sock in (getattr(self, "input", None), getattr(self, "output", None)):
-                if sock is not None:
-                    sock.close(linger=0)
             if getattr(self, "ctx", None) is not None:
-                self.ctx.term()
+                close_context(self.ctx)
             if self._dir is not None:
                 shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def close_context(ctx: zmq.Context) -> None:
+    """Close every socket `ctx` made, unsent frames dropped, then terminate it: also a socket a
+    signal interrupted before the client kept it (SIGTERM while the core starts), which
+    close-then-term would wait on forever (zmq_ctx_term waits for every socket to close)."""
+    ctx.destroy(linger=0)
 
 
 class AsyncMPClient(MPClient):

@@ -216,3 +216,22 @@ def test_cpu_threads_default_takes_the_free_cores_and_leaves_one_to_a_server():
         torch.set_num_threads(default)
 
 
+
+
+def test_closing_the_client_context_closes_a_socket_it_never_kept(tmp_path):
+    """A SIGTERM while the core starts can interrupt the client between making a socket and
+    keeping it; closing the context must not then wait on that socket forever (it did: the
+    server hung in zmq_ctx_term after the signal)."""
+    import threading
+
+    import zmq
+
+    from lab.engine.client import close_context
+
+    ctx = zmq.Context()
+    orphan = ctx.socket(zmq.PUSH)  # made, bound, never closed
+    orphan.bind(f"ipc://{tmp_path}/orphan")
+    done = threading.Event()
+    threading.Thread(target=lambda: (close_context(ctx), done.set()), daemon=True).start()
+    assert done.wait(WAIT_S), "closing the context waited on the orphan socket"
+    assert orphan.closed
