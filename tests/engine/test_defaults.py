@@ -1,6 +1,7 @@
 """The defaults show the design card's point on a CPU: the default workload has priority classes,
-the CPU default KV cache is smaller than that workload wants (so runs preempt) while every request
-still fits, no SLO is set by default, and runs through Triton's interpreter replay fewer requests."""
+`python run.py`'s KV cache (one request of the model's context: lab.run.demonstration_cache) is
+smaller than that workload wants (so its runs preempt) while every request still fits, no SLO is
+set by default, and runs through Triton's interpreter replay fewer requests."""
 
 import math
 
@@ -10,6 +11,7 @@ from hydra.utils import instantiate
 
 from lab.config.compose import compose_config
 from lab.engine.llm_engine import LLMEngine
+from lab.run import demonstration_cache
 from lab.workloads.synthetic import (
     DEFAULT_NUM_REQUESTS,
     INTERPRETER_NUM_REQUESTS,
@@ -21,10 +23,11 @@ DESIGN_CARD = ["attention=triton_mla", "scheduler=priority", "preemption=swap", 
 
 @pytest.mark.parametrize(("overrides", "interpreted"), [([], False), (DESIGN_CARD, True)],
                          ids=["default", "design-card"])
-def test_cpu_default_kv_cache_is_smaller_than_the_default_workload_wants(overrides, interpreted):
-    """Every request arrives at once and they want 1.3x more blocks than the cache has, so the
-    run must preempt; and the longest request still fits (none is rejected)."""
+def test_run_py_kv_cache_is_smaller_than_the_default_workload_wants(overrides, interpreted):
+    """Every request arrives at once and they want 1.3x more blocks than run.py's cache has, so
+    the run must preempt; and the longest request still fits (none is rejected)."""
     cfg = compose_config([*overrides, "logger=[]", "device=cpu"])
+    demonstration_cache(cfg)
     engine = LLMEngine(cfg)
     bs = cfg.block_size
     reqs = instantiate(cfg.workload).requests(engine.hf_config.vocab_size, engine.eos_token_id,
@@ -62,6 +65,7 @@ def test_the_default_run_preempts_and_priority_serves_priority_0_first():
     ttft = {}
     for scheduler in ("fcfs", "priority"):
         cfg = compose_config([f"scheduler={scheduler}", "logger=[]", "device=cpu"])
+        demonstration_cache(cfg)
         engine = LLMEngine(cfg)
         summary = replay(engine, instantiate(cfg.workload).requests(
             engine.hf_config.vocab_size, engine.eos_token_id))

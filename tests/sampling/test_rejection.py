@@ -13,7 +13,7 @@ import torch
 from lab.kernels.rejection import PLACEHOLDER, rejection_sample_ref
 from lab.sampling.rejection import draw_noise
 
-N = 20000
+N = 10000
 # chi2.isf(1e-4, df) (scipy): a sampler that is right fails once in 10^4 seeds
 CRITICAL = {1: 15.137, 2: 18.421, 3: 21.108, 4: 23.513, 5: 25.745, 6: 27.856, 7: 29.878}
 

@@ -27,7 +27,7 @@ from lab.workloads.synthetic import SyntheticWorkload
 CONSTANT = ["sim/step_time=constant", "sim.step_time.seconds=0.01"]
 
 
-def decode_heavy(n: int = 8, prompt: int = 32, output: int = 128) -> SyntheticWorkload:
+def decode_heavy(n: int = 8, prompt: int = 32, output: int = 64) -> SyntheticWorkload:
     """n requests of `prompt` tokens and `output` outputs each, all at t=0."""
     return SyntheticWorkload(num_requests=n, prompt_len=prompt, output_len=output,
                              arrival="batch", seed=0)

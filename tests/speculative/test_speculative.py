@@ -100,7 +100,11 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
+SLOW_MODES = {"reserve", "priority", "fair", "sjf"}  # the queue policies: in the slow profile
+
+
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW_MODES
+                                  else m for m in sorted(MODES)])
 def test_greedy_ids_equal_in_every_mode(replay_dir, reference, mode):
     llm, memory = replay_llm(replay_dir, 3, **MODES[mode])
     outputs = generate(llm)
