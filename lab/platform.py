@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,22 +58,47 @@ def load_average() -> float:
         return 0.0
 
 
-def auto_cpu_threads(reserve: int = 0, cores: int | None = None, load: float | None = None,
+def busy_cores(window_s: float = 0.2) -> float:
+    """How many cores other processes keep busy now: the machine's busy CPU time over a short
+    window (/proc/stat) less this process's own (/proc/self/stat), per second of the window. A
+    sample of the present, not the 1-minute load average, whose past (a run that just ended)
+    would take cores from a run that starts after it. Where /proc is not there: the load
+    average."""
+    def machine_busy() -> int:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # minus idle
+
+    def own() -> int:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()
+        return int(after_name[11]) + int(after_name[12])  # utime + stime
+
+    try:
+        hz = os.sysconf("SC_CLK_TCK")
+        busy0, own0, t0 = machine_busy(), own(), time.monotonic()
+        time.sleep(window_s)
+        busy1, own1, t1 = machine_busy(), own(), time.monotonic()
+    except (OSError, ValueError, IndexError):
+        return load_average()
+    return max(0.0, (busy1 - busy0 - (own1 - own0)) / hz / (t1 - t0))
+
+
+def auto_cpu_threads(reserve: int = 0, cores: int | None = None, busy: float | None = None,
                      env: Mapping[str, str] | None = None) -> int:
     """torch threads that do not fight other work for the cores: the usable cores minus the
-    whole cores the 1-minute load average keeps busy (its integer part: a load below 1 is
-    mostly this process's own recent start-up) minus `reserve`, at least 1. A parallel region waits for its slowest thread, so one thread on a core another
-    process holds stalls every region of a step: at load ~6 on 2 cores, 2 threads decoded at
-    25-130 ms a step where 1 thread took 1.8 ms. An OMP_NUM_THREADS in the environment (a
-    launcher's or the user's choice, which torch's own default obeys) replaces the count of
-    free cores."""
+    cores other processes keep busy now (busy_cores, rounded) minus `reserve`, at least 1. A
+    parallel region waits for its slowest thread, so one thread on a core another process
+    holds stalls every region of a step: at load ~6 on 2 cores, 2 threads decoded at 25-130 ms
+    a step where 1 thread took 1.8 ms. An OMP_NUM_THREADS in the environment (a launcher's or
+    the user's choice, which torch's own default obeys) replaces the count of free cores."""
     env = os.environ if env is None else env
     chosen = env.get("OMP_NUM_THREADS", "")
     if chosen.isdigit() and int(chosen) > 0:
         return max(1, int(chosen) - reserve)
     cores = usable_cpu_cores() if cores is None else cores
-    load = load_average() if load is None else load
-    return max(1, min(cores, cores - int(load)) - reserve)
+    busy = busy_cores() if busy is None else busy
+    return max(1, min(cores, cores - round(busy)) - reserve)
 
 
 def rank_device(device: str, rank: int, world_size: int) -> torch.device:

@@ -93,7 +93,7 @@ def wait_for_quiet(below: float = 0.5, at_most_s: float = 150.0) -> float:
 def under_load(repeats: int, settle_s: float = 75.0) -> dict:
     """`python run.py`'s engine time quiet, then beside 2 x cores - 1 busy processes (with the
     run itself, a load of twice the cores; started settle_s before, so the 1-minute load
-    average has risen and the automatic thread count sees it): with its default threads and
+    average the row reports has risen): with its default threads and
     with one per core (torch's own default, what ran before), the median of `repeats` each."""
     wait_for_quiet()
     quiet = [run_command([]) for _ in range(repeats)]
@@ -141,7 +141,7 @@ def render(results: dict) -> str:
                   f"run, a load of twice the cores; load average "
                   f"{load['loaded'][0]['load_before']:.1f} at its start): engine time "
                   f"{load['loaded_engine_s']:.2f} s with {load['loaded'][0]['threads']} torch "
-                  f"thread(s) chosen from the load, {load['ratio']:.2f}x the quiet machine's "
+                  f"thread(s) chosen from the busy cores, {load['ratio']:.2f}x the quiet machine's "
                   f"{load['quiet_engine_s']:.2f} s ({quiet['threads']} thread(s), load average "
                   f"{quiet['load_before']:.2f}); with one thread per core "
                   f"{load['loaded_per_core_engine_s']:.2f} s, {load['ratio_per_core']:.2f}x "

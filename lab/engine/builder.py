@@ -20,7 +20,7 @@ from lab.config.worker import WorkerConfig
 from lab.core.model_info import model_context_limit
 from lab.core.protocol import CoreInfo
 from lab.engine.core import EngineCore, freeze_gc_heap
-from lab.platform import auto_cpu_threads, load_average, usable_cpu_cores
+from lab.platform import auto_cpu_threads, busy_cores, usable_cpu_cores
 from lab.scheduler.async_scheduler import AsyncScheduler
 from lab.scheduler.scheduler import Scheduler, SchedulerConfig
 from lab.speculative.base import SpecConfig
@@ -77,13 +77,18 @@ def set_cpu_threads(knob: int | None, engine_client: str) -> int:
     """Set the engine core's torch threads (core_cpu_threads) and say how many, and why."""
     import torch
 
-    n = core_cpu_threads(knob, engine_client)
-    torch.set_num_threads(n)
     omp = os.environ.get("OMP_NUM_THREADS")
-    why = ("cpu_threads" if knob is not None else f"OMP_NUM_THREADS={omp}" if omp else
-           f"the cores free at start: load average {load_average():.1f}"
-           + (", one left to the server" if engine_client == "async_mp" else "")
-           + "; cpu_threads=N sets them")
+    if knob is not None:
+        n, why = knob, "cpu_threads"
+    elif omp:
+        n, why = core_cpu_threads(None, engine_client), f"OMP_NUM_THREADS={omp}"
+    else:
+        busy = busy_cores()
+        n = auto_cpu_threads(reserve=1 if engine_client == "async_mp" else 0, busy=busy)
+        why = (f"the cores free at start: other processes kept {busy:.1f} busy"
+               + (", one left to the server" if engine_client == "async_mp" else "")
+               + "; cpu_threads=N sets them")
+    torch.set_num_threads(n)
     log.info("torch threads: %d of %d cores (%s)", n, usable_cpu_cores(), why)
     return n
 

@@ -192,23 +192,25 @@ def _alive(pid: int) -> bool:
 
 
 def test_cpu_threads_default_takes_the_free_cores_and_leaves_one_to_a_server():
-    """Unset cpu_threads: the cores free of other work (cores minus the load average; the
-    environment's OMP_NUM_THREADS instead when set), one fewer in an async_mp core (a server
-    frontend works while it steps); the knob wins over both; what was set is returned."""
+    """Unset cpu_threads: the cores free of other work (cores minus those other processes keep
+    busy now; the environment's OMP_NUM_THREADS instead when set), one fewer in an async_mp
+    core (a server frontend works while it steps); the knob wins over both; what was set is
+    returned."""
     import torch
 
     from lab.engine.builder import set_cpu_threads
     from lab.platform import auto_cpu_threads
 
-    assert auto_cpu_threads(cores=2, load=0.8, env={}) == 2
-    assert auto_cpu_threads(cores=2, load=1.2, env={}) == 1  # another process holds a core
-    assert auto_cpu_threads(cores=2, load=6.0, env={}) == 1  # never 0
-    assert auto_cpu_threads(cores=8, load=0.0, env={}) == 8
-    assert auto_cpu_threads(reserve=1, cores=8, load=2.0, env={}) == 5
-    assert auto_cpu_threads(cores=8, load=7.0, env={"OMP_NUM_THREADS": "3"}) == 3
-    assert auto_cpu_threads(reserve=1, cores=2, load=0.0, env={"OMP_NUM_THREADS": "1"}) == 1
+    assert auto_cpu_threads(cores=2, busy=0.3, env={}) == 2
+    assert auto_cpu_threads(cores=2, busy=0.8, env={}) == 1  # another process holds a core
+    assert auto_cpu_threads(cores=2, busy=6.0, env={}) == 1  # never 0
+    assert auto_cpu_threads(cores=8, busy=0.0, env={}) == 8
+    assert auto_cpu_threads(reserve=1, cores=8, busy=2.0, env={}) == 5
+    assert auto_cpu_threads(cores=8, busy=7.0, env={"OMP_NUM_THREADS": "3"}) == 3
+    assert auto_cpu_threads(reserve=1, cores=2, busy=0.0, env={"OMP_NUM_THREADS": "1"}) == 1
     default = torch.get_num_threads()
     try:
+        # the suite sets OMP_NUM_THREADS (tests/conftest.py): it decides
         assert set_cpu_threads(None, "inproc") == auto_cpu_threads() == torch.get_num_threads()
         assert set_cpu_threads(None, "async_mp") == auto_cpu_threads(reserve=1)
         assert set_cpu_threads(1, "mp") == 1 == torch.get_num_threads()
@@ -216,6 +218,28 @@ def test_cpu_threads_default_takes_the_free_cores_and_leaves_one_to_a_server():
         torch.set_num_threads(default)
 
 
+
+
+def test_busy_cores_sees_another_process_spin_and_not_its_own_past():
+    """busy_cores samples the present: a spinning child shows as about one busy core; this
+    process's own work in the window does not count."""
+    import multiprocessing
+
+    from lab.platform import busy_cores
+
+    spinner = multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
+    spinner.start()
+    try:
+        time.sleep(0.5)  # the child is up and spinning
+        assert busy_cores(0.5) > 0.6
+    finally:
+        spinner.terminate()
+        spinner.join()
+
+
+def _spin() -> None:
+    while True:
+        pass
 
 
 def test_closing_the_client_context_closes_a_socket_it_never_kept(tmp_path):
