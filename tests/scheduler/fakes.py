@@ -54,11 +54,15 @@ class FakeKVContents:
     def _block(self, store: dict, block_id: int) -> list[int | None]:
         return store.setdefault(block_id, [None] * self.block_size)
 
-    def step(self, sched: Scheduler, out: SchedulerOutput) -> None:
+    def apply_swaps(self, out: SchedulerOutput) -> None:
+        """Every swap-out of the step, then every swap-in (the worker's order)."""
         for dev, cpu in out.swap_out:
             self.cpu[cpu] = list(self._block(self.device, dev))
         for cpu, dev in out.swap_in:
             self.device[dev] = list(self._block(self.cpu, cpu))
+
+    def step(self, sched: Scheduler, out: SchedulerOutput) -> None:
+        self.apply_swaps(out)
         bs = self.block_size
         for rid, n in out.num_scheduled_tokens.items():
             req = sched.requests[rid]

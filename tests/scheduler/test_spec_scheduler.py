@@ -31,10 +31,7 @@ class SpecFakeKV(FakeKVContents):
     prefix hit on a block holding one, reads back a wrong token."""
 
     def step(self, sched: Scheduler, out: SchedulerOutput) -> None:
-        for dev, cpu in out.swap_out:
-            self.cpu[cpu] = list(self._block(self.device, dev))
-        for cpu, dev in out.swap_in:
-            self.device[dev] = list(self._block(self.cpu, cpu))
+        self.apply_swaps(out)
         bs = self.block_size
         for rid, n in out.num_scheduled_tokens.items():
             req = sched.requests[rid]
