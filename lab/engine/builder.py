@@ -60,7 +60,7 @@ def build_core(cfg: DictConfig) -> tuple[EngineCore, CoreInfo]:
                           info.bytes_per_block // knobs.block_size, torch.get_num_threads())
 
 
-def core_cpu_threads(knob: int | None, engine_client: str) -> int:
+def core_cpu_threads(knob: int | None, engine_client: str, busy: float | None = None) -> int:
     """The engine core's torch threads: the `cpu_threads` knob; unset, the cores free of other
     work at start (lab.platform.auto_cpu_threads), one fewer in the core of an async_mp
     frontend (a server: HTTP, detokenizing while the core steps), as vLLM-CPU reserves one for
@@ -70,7 +70,7 @@ def core_cpu_threads(knob: int | None, engine_client: str) -> int:
     at half speed on 2 cores (lab.bench.ipc)."""
     if knob is not None:
         return knob
-    return auto_cpu_threads(reserve=1 if engine_client == "async_mp" else 0)
+    return auto_cpu_threads(reserve=1 if engine_client == "async_mp" else 0, busy=busy)
 
 
 def set_cpu_threads(knob: int | None, engine_client: str) -> int:
@@ -78,16 +78,12 @@ def set_cpu_threads(knob: int | None, engine_client: str) -> int:
     import torch
 
     omp = os.environ.get("OMP_NUM_THREADS")
-    if knob is not None:
-        n, why = knob, "cpu_threads"
-    elif omp:
-        n, why = core_cpu_threads(None, engine_client), f"OMP_NUM_THREADS={omp}"
-    else:
-        busy = busy_cores()
-        n = auto_cpu_threads(reserve=1 if engine_client == "async_mp" else 0, busy=busy)
-        why = (f"the cores free at start: other processes kept {busy:.1f} busy"
-               + (", one left to the server" if engine_client == "async_mp" else "")
-               + "; cpu_threads=N sets them")
+    busy = None if knob is not None or omp else busy_cores()  # sampled once, for both
+    n = core_cpu_threads(knob, engine_client, busy)
+    why = ("cpu_threads" if knob is not None else f"OMP_NUM_THREADS={omp}" if omp else
+           f"the cores free at start: other processes kept {busy:.1f} busy"
+           + (", one left to the server" if engine_client == "async_mp" else "")
+           + "; cpu_threads=N sets them")
     torch.set_num_threads(n)
     log.info("torch threads: %d of %d cores (%s)", n, usable_cpu_cores(), why)
     return n
