@@ -90,9 +90,9 @@ class StepShape:
 
     @staticmethod
     def of(chunks: list[tuple[int, int, int]], swap_in: int = 0, swap_out: int = 0,
-           num_new: int = 0) -> StepShape:
+           num_new: int = 0, num_drafts: int = 0) -> StepShape:
         """The shape of a step from (new tokens q, computed before c, request length) per
-        request; `num_new` of them are new to the worker."""
+        request; `num_new` of them are new to the worker; `num_drafts` drafts it verifies."""
         decodes = pairs = context = total = sampled = max_q = max_ctx = 0
         prefills = []
         for q, c, length in chunks:
@@ -106,7 +106,8 @@ class StepShape:
                 prefills.append((q, c))
                 pairs += q * c + q * (q + 1) // 2
         return StepShape(total, len(prefills), decodes, pairs, context, swap_in, swap_out,
-                         tuple(prefills), max_q, max_ctx, sampled, num_new)
+                         tuple(prefills), max_q, max_ctx, sampled, num_new,
+                         num_draft_tokens=num_drafts)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from lab.cache.manager import KVCacheManager, KVCacheStats
 from lab.cache.view import KVCacheView
@@ -410,10 +410,8 @@ class Scheduler(StepRecovery):
             record[rid] = (req, req.num_computed_tokens)
             self._on_scheduled(req)
         out.shape = StepShape.of(chunks, len(swaps.swap_in), len(swaps.swap_out),
-                                 len(new_ids) + len(plan.resumed))
-        if out.scheduled_spec_decode_tokens:
-            out.shape = replace(out.shape, num_draft_tokens=sum(
-                map(len, out.scheduled_spec_decode_tokens.values())))
+                                 len(new_ids) + len(plan.resumed),
+                                 sum(map(len, out.scheduled_spec_decode_tokens.values())))
         if record:
             self._steps[out.step_id] = record
         self._check_invariants(out)
