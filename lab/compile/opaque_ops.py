@@ -13,7 +13,7 @@ scopes around the compiled forward (per thread; outside a step the op refuses to
 
     with step_context(StepContext(backend, metadata, kv_caches, mla_layers)):
         hidden = compiled_forward(input_ids, positions)      # layer i calls
-            torch.ops.lab.attention(q, k, v, i, scale)       #   -> backend.forward(i, q, k, v,
+            torch.ops.lab.attention(q, k, v, i, scale, ...)  #   -> backend.forward(i, q, k, v,
                                                              #        kv_caches[i], metadata, scale)
 
 The KV cache is not an argument of the op: the op writes it as a side effect the graph does not
@@ -92,10 +92,13 @@ def current_step() -> StepContext:
 
 @torch.library.custom_op("lab::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int,
-              scale: float, sliding_window: int | None = None,
-              sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+              scale: float, sliding_window: int | None, sinks: torch.Tensor | None,
+              softcap: float | None) -> torch.Tensor:
     """The step's backend.forward for layer `layer_idx` (writes its KV cache) -> [T, H, D];
-    the layer's attention features as the backend takes them (only those it uses)."""
+    the layer's attention features as the backend takes them (only those it uses; None: the
+    layer has none). No argument has a default: inductor's C++ wrapper (cpp_wrapper, on the
+    CPU) passes the dispatcher only the arguments a graph's call gave, and a schema default it
+    left out was read past the end of that list (a segfault: bench_qwen3_06b fp32)."""
     ctx = current_step()
     features = {name: value for name, value in (("sliding_window", sliding_window),
                                                 ("sinks", sinks), ("softcap", softcap))
@@ -105,7 +108,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int,
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, layer_idx, scale, sliding_window=None, sinks=None, softcap=None):
+def _attention_fake(q, k, v, layer_idx, scale, sliding_window, sinks, softcap):
     return torch.empty_like(q)
 
 
@@ -135,8 +138,9 @@ class OpaqueAttention:
         self.backend = backend
         self.name = f"opaque({backend.name})"
 
-    def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale, **features):
-        return torch.ops.lab.attention(q, k, v, layer_idx, scale, **features)
+    def forward(self, layer_idx, q, k, v, kv_cache, metadata, scale, *, sliding_window=None,
+                sinks=None, softcap=None):
+        return torch.ops.lab.attention(q, k, v, layer_idx, scale, sliding_window, sinks, softcap)
 
     def forward_mla(self, layer_idx, q_nope, q_pe, kv_c, k_pe, kv_cache, metadata, mla, scale):
         return torch.ops.lab.mla_attention(q_nope, q_pe, kv_c, k_pe, layer_idx,
