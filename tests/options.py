@@ -25,6 +25,12 @@ def options(group: str) -> list[str]:
     return names
 
 
+def backends() -> list[str]:
+    """The `attention` options that name one backend class: all but `auto`, which chooses one of
+    them by device and model (lab/attention/auto.py; tests/attention/test_auto.py)."""
+    return [o for o in options("attention") if o != "auto"]
+
+
 def option_yaml(group: str, option: str):
     """An option's YAML, loaded (where Hydra finds it first), as a node under a root holding
     every knob's default, so that its `${knob}` interpolations resolve as in a composed config."""

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from lab.attention.torch_backend import TorchAttentionBackend, TorchAttentionMetadata
 
-#: the `attention._target_` that selects it (an engine knob path: LLM(**{KNOB: TARGET}))
-KNOB = "attention._target_"
-TARGET = f"{__name__}.KVWriteOnlyAttention"
+#: the engine settings that select it: attention=torch with its class swapped (LLM(**KNOBS))
+KNOBS = {"attention": "torch", "attention._target_": f"{__name__}.KVWriteOnlyAttention"}
 
 
 class KVWriteOnlyAttention(TorchAttentionBackend):

@@ -120,12 +120,15 @@ class EngineKnobs:
         null="1, 2, 4, 8, 16, ... 512 up to max_num_seqs on CUDA, none on a CPU",
         details="attention=triton_flash / triton_mla, lab/worker/cudagraph.py; a list on a CPU "
                 "runs the padded path eagerly (tests)")
-    enforce_eager: bool = knob(False, "true: no CUDA graphs and no padding")
-    compile: bool = knob(
-        False, "the model's forward through torch.compile (inductor; CPU and CUDA, one rank)",
+    enforce_eager: bool = knob(False, "true: no CUDA graphs and no padding, and compile=null "
+                               "runs eagerly")
+    compile: bool | None = knob(
+        None, "the model's forward through torch.compile (inductor; CPU and CUDA, one rank)",
+        null="auto: compiled on a CPU for a model of >= 10 M parameters, one rank, without "
+             "enforce_eager, where a C++ compiler is found; else eager (lab/compile/policy.py)",
         details="attention, MoE experts and scaled GEMMs stay opaque custom ops; one graph for "
                 "every batch size compiled at start-up (on the CPU two, split at 256 tokens: "
-                "docs/compile.md)")
+                "docs/compile.md); false: eager (vLLM's enforce_eager)")
     compile_sizes: tuple[int, ...] | None = knob(
         None, "compile=true: token counts of the warm-up steps run at start-up (the first "
         "compiles)", ge=1, null="one step of min(16, max_num_seqs) tokens")

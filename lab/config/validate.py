@@ -54,7 +54,10 @@ def check_components(cfg: DictConfig) -> None:
     speculative proposer's ranks."""
     executor = get_class(cfg.executor._target_)
     if executor.runs_kernels:
-        get_class(cfg.attention._target_).check_block_size(cfg.block_size)
+        from lab.attention.auto import backend_classes
+
+        for backend in backend_classes(cfg.attention._target_):
+            backend.check_block_size(cfg.block_size)
         check_device(cfg)
     check_parallel_executor(cfg)
     check_compile(cfg)

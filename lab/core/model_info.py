@@ -24,16 +24,21 @@ class ModelInfo:
     triton_interpreted: bool = False
     # the model's KV cache groups (lab/cache/groups.py); () stands for one full-attention group
     kv_groups: tuple[KVCacheGroup, ...] = ()
+    # what the worker built (attention=auto and compile=null choose there): the backend's name,
+    # whether the forward is compiled; "" / False where no model runs (executor=sim)
+    attention_backend: str = ""
+    compiled: bool = False
 
     @classmethod
     def of(cls, hf_config: Any, bytes_per_block: int, weight_bytes: int,
            tokenizer_path: Path | str | None, triton_interpreted: bool = False,
-           kv_groups: tuple[KVCacheGroup, ...] = ()) -> ModelInfo:
+           kv_groups: tuple[KVCacheGroup, ...] = (), attention_backend: str = "",
+           compiled: bool = False) -> ModelInfo:
         """Vocabulary and EOS (the first of a list) read from the HF config."""
         eos = eos_token_ids(hf_config)
         return cls(hf_config, hf_config.vocab_size, eos[0] if eos else None, bytes_per_block,
                    weight_bytes, None if tokenizer_path is None else Path(tokenizer_path),
-                   triton_interpreted, tuple(kv_groups))
+                   triton_interpreted, tuple(kv_groups), attention_backend, compiled)
 
 
 def eos_token_ids(hf_config: Any) -> list[int]:

@@ -79,6 +79,11 @@ def run_setup(engine: LLMEngine) -> dict[str, str]:
     for group in COMPONENTS:
         target = cfg[group]._target_
         setup[group] = str(getattr(get_object(target), "name", "") or target.rsplit(".", 1)[-1])
+    built = engine.model_info.attention_backend  # attention=auto's choice is the worker's
+    if built and built != setup["attention"]:
+        setup["attention"] = f"{built} (auto)" if cfg.attention.get("_partial_") else built
+    if getattr(get_object(cfg.executor._target_), "runs_kernels", True):
+        setup["compile"] = "on" if engine.model_info.compiled else "off"
     threads = engine.cpu_threads
     spec = SpecConfig.of(OmegaConf.to_container(cfg.speculative, resolve=True)
                          if cfg.get("speculative") else None)

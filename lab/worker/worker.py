@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from hydra.utils import get_class, instantiate
 
+from lab.attention.auto import build_backend
 from lab.attention.base import KVCache, KVCacheSpec, kv_cache_torch_dtype
 from lab.cache.groups import (
     SLIDING_WINDOW,
@@ -28,7 +29,8 @@ from lab.cache.groups import (
     num_tensors,
 )
 from lab.cache.sizing import CacheSizing, cpu_kv_bytes
-from lab.compile import CompileOptions, compile_model, warmup_sizes
+from lab.compile import CompiledForward, CompileOptions, compile_model, warmup_sizes
+from lab.compile.policy import should_compile
 from lab.config.worker import WorkerConfig
 from lab.core.model_info import ModelInfo, eos_token_ids, max_positions
 from lab.core.sampling_params import SamplingParams
@@ -76,8 +78,12 @@ class Worker:
         self.state = self._join_group(init_method)
         self.kv_cache_dtype = config.kv_cache_dtype  # cache.dtype: auto (the model's) | fp8
         torch.manual_seed(config.knobs.seed)
-        # the components, built here from their options (in this rank's process)
-        self.attn_backend = instantiate(config.attention)
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(config.model_path)
+        # the components, built here from their options (in this rank's process); attention=auto
+        # chooses by the device and the model (lab/attention/auto.py)
+        self.attn_backend = build_backend(config.attention, self.device, hf_config)
         self.block_size = config.knobs.block_size
         self.max_num_seqs = config.knobs.max_num_seqs
         self.max_num_batched_tokens = config.knobs.max_num_batched_tokens
@@ -93,14 +99,26 @@ class Worker:
         # whether this worker's Triton kernels run in Triton's interpreter (slow: no CUDA)
         self.triton_interpreted = bool((self.attn_backend.uses_triton or self.ops.uses_triton)
                                        and warn_if_interpreted())
-        self._load(config.model_path, config.knobs.dtype, self.ops)
+        self._load(config.model_path, hf_config, config.knobs.dtype, self.ops)
         self.kv_groups = group_layers(self.model.layer_specs, config.kv_hybrid)
         if len(self.kv_groups) > 1:
             log.info("KV cache: %s", describe_groups(self.kv_groups))
-        self.compiled = compile_model(self.model, self.attn_backend, CompileOptions.for_device(
-            self.device, config.knobs.max_num_batched_tokens)) if config.knobs.compile else None
+        self.compiled = self._compile_if_asked()
         self.proposer = self._build_proposer()
         self.runner: ModelRunner | None = None
+
+    def _compile_if_asked(self) -> CompiledForward | None:
+        """The model through torch.compile when the compile knob says so (null: auto, by
+        lab/compile/policy.py), else None (eager); the choice is logged."""
+        knobs = self.config.knobs
+        num_params = sum(p.numel() for p in self.model.parameters())
+        wanted, why = should_compile(knobs.compile, self.device, num_params,
+                                     self.config.parallel.world_size, knobs.enforce_eager)
+        log.info("%s", why)
+        if not wanted:
+            return None
+        return compile_model(self.model, self.attn_backend, CompileOptions.for_device(
+            self.device, knobs.max_num_batched_tokens))
 
     def _build_proposer(self) -> Proposer | None:
         """The speculative option's proposer (lab/speculative), built with the target's
@@ -131,10 +149,7 @@ class Worker:
         """Leave the process group (idempotent; nothing to do for a world of one)."""
         destroy_parallel_state(self.state)
 
-    def _load(self, model_path: Path, dtype: str, ops: LayerOps) -> None:
-        from transformers import AutoConfig
-
-        hf_config = AutoConfig.from_pretrained(model_path)
+    def _load(self, model_path: Path, hf_config, dtype: str, ops: LayerOps) -> None:
         self.dtype = resolve_dtype(dtype, hf_config, self.device)
         self._set_up_kernels(ops)
         self.model, self.hf_config = load_model(
@@ -155,7 +170,8 @@ class Worker:
 
     def model_info(self) -> ModelInfo:
         return ModelInfo.of(self.hf_config, self.bytes_per_block, self.weight_bytes,
-                            self.config.model_path, self.triton_interpreted, self.kv_groups)
+                            self.config.model_path, self.triton_interpreted, self.kv_groups,
+                            self.attn_backend.name, self.compiled is not None)
 
     @property
     def kv_spec(self) -> KVCacheSpec:
@@ -278,7 +294,7 @@ class Worker:
                              self.max_num_batched_tokens, [g.min_tokens for g in self.compiled.graphs])
         for num_tokens in sizes:
             self._dummy_forward(num_tokens)
-        log.info("compile=true: compiled and warmed up (%s tokens) in %.1f s",
+        log.info("compiled and warmed up (%s tokens) in %.1f s",
                  ", ".join(map(str, sizes)), time.perf_counter() - start)
 
 

@@ -6,7 +6,7 @@ import torch
 
 from lab import LLM, SamplingParams
 from lab.attention.torch_backend import TorchAttentionBackend
-from lab.bench.attention_ceiling import KNOB, TARGET, KVWriteOnlyAttention
+from lab.bench.attention_ceiling import KNOBS, KVWriteOnlyAttention
 from tests.attention.paged_steps import paged_step
 
 D = 8
@@ -37,7 +37,7 @@ def test_prefill_and_mixed_steps_attend_as_the_torch_backend():
 
 
 def test_the_knob_puts_it_in_the_engine():
-    llm = LLM("tiny_llama", **{KNOB: TARGET})
+    llm = LLM("tiny_llama", **KNOBS)
     assert isinstance(llm.engine.executor.worker.runner.attn_backend, KVWriteOnlyAttention)
     out = llm.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 3  # as many decode steps as asked

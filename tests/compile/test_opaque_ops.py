@@ -139,7 +139,7 @@ def test_cpu_options_split_steps_at_the_large_step_size_with_the_budget_as_its_h
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["compile=maybe"], "^compile='maybe' is invalid: must be true or false"),
+    (["compile=maybe"], "^compile='maybe' is invalid: must be null \\(auto: .* or true or false"),
     (["compile_sizes=[0]"], "^compile_sizes=\\[0\\] is invalid: must be null"),
     (["compile=true", "enforce_eager=true"], "^compile=true is invalid with enforce_eager"),
     (["compile=true", "tensor_parallel_size=2", "executor=multiproc"],

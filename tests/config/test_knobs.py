@@ -12,7 +12,7 @@ from lab.config.plugins import declared_knobs
 from lab.config.validate import validate_config
 from lab.engine.llm_engine import LLMEngine
 from lab.platform import resolve_device
-from tests.options import options
+from tests.options import backends
 
 BAD = [  # (override, the allowed values the message states)
     ("max_num_seqs=0", "integer >= 1"),
@@ -74,7 +74,7 @@ def test_config_yaml_declares_no_knob():
     assert set(raw) == {"defaults", "hydra"}
 
 
-@pytest.mark.parametrize("attention", options("attention"))
+@pytest.mark.parametrize("attention", backends())
 def test_the_attention_backend_names_the_block_sizes_it_supports(attention):
     backend = get_class(compose_config([f"attention={attention}"]).attention._target_)
     assert 16 in backend.block_sizes

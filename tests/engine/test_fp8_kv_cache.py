@@ -16,7 +16,7 @@ from lab import LLM, SamplingParams
 from lab.attention.torch_backend import TorchAttentionBackend
 from lab.kernels import interpreter_active
 from lab.kernels.fp8_kv import FP8_KV_DTYPE
-from tests.options import model_for, options, target
+from tests.options import backends, model_for, target
 
 PROMPT_LENS = [5, 17, 30, 9]
 MAX_TOKENS = 12
@@ -51,7 +51,7 @@ def _own_fp8_path(option: str) -> bool:
     return not issubclass(get_class(target("attention", option)), TorchAttentionBackend)
 
 
-@pytest.fixture(scope="module", params=[a for a in options("attention") if _own_fp8_path(a)])
+@pytest.fixture(scope="module", params=[a for a in backends() if _own_fp8_path(a)])
 def attention(request):
     return request.param
 

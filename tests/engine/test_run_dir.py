@@ -27,7 +27,7 @@ def test_a_run_records_every_choice_and_ttft_by_priority(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     cfg, choices = load_run_config(tmp_path)
     assert choices["scheduler"] == "priority" and choices["model"] == "tiny_llama"
-    assert choices["attention"] == "torch" and choices["logger"] == ["console", "jsonl"]
+    assert choices["attention"] == "auto" and choices["logger"] == ["console", "jsonl"]
     validate_config(cfg)  # what the engine ran, loadable again
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "finished"
@@ -88,7 +88,7 @@ def test_a_bad_setting_found_while_starting_is_one_line_and_exit_2(tmp_path):
     (["scheduler=priority", "slo.ttft_s=1", "hydra.run.dir=x", "+new=1", "logger=[jsonl]"], None),
     (["model.path=/x", "workload.num_requests=3", "max_num_seqs=4"], None),
     (["max_num_seq=4"], "(did you mean max_num_seqs?)"),
-    (["attention=torchh"], "attention=torchh is not an option of attention: cpu, torch, "
+    (["attention=torchh"], "attention=torchh is not an option of attention: auto, cpu, torch, "
                            "triton_flash, triton_mla (did you mean torch?)"),
     (["sim/step_time=profild"], "(did you mean profiled?)"),
     (["sim/step_time=profiled", "cache/eviction=lfu", "model=null"], None),

@@ -59,14 +59,15 @@ def _worker(llm: LLM):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kernels_torch_is_the_reference_on_a_cpu(monkeypatch, dtype):
     """No lab C++ extension is built, loaded or run, and no layer holds a packed weight (bf16
-    on an AMX CPU and fp32 alike)."""
+    on an AMX CPU and fp32 alike); with attention=torch (attention=auto's attention=cpu has a
+    C++ kernel of its own: its group, not kernels')."""
     def forbidden(*args, **kwargs):
         pytest.fail("kernels=torch built, loaded or ran a lab C++ kernel")
 
     monkeypatch.setattr(CPUExtension, "load", forbidden)
     monkeypatch.setattr(CPUExtension, "build", forbidden)
     monkeypatch.setattr(cpu_argmax, "argmax_rows", forbidden)
-    llm = LLM("tiny_llama", kernels="torch", dtype=dtype)
+    llm = LLM("tiny_llama", kernels="torch", attention="torch", dtype=dtype)
     assert len(_ids(llm)[0]) == GREEDY.max_tokens
     packed = [name for name, m in _worker(llm).model.named_modules()
               if getattr(m, "kernel", None) is not None

@@ -36,7 +36,7 @@ def test_multirun_two_jobs_two_offline_runs(tmp_path):
         assert run.config["num_gpu_blocks"] == blocks
         assert run.config["cache"]["block_size"] == 4 and "slo" in run.config
         tags = set(run.run.tags)
-        assert {"attention:torch", "scheduler:fcfs", "model:tiny_llama"} <= tags
+        assert {"attention:auto", "scheduler:fcfs", "model:tiny_llama"} <= tags
         assert run.run.run_group == str(sweep)
         assert run.run.display_name == f"num_gpu_blocks={blocks}"  # the swept key
         steps = [h for h in run.history if "engine/step" in h]
