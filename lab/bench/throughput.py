@@ -14,14 +14,24 @@ engine and the ratios. The peer runs benchmarks/vllm_peer.py of the repository u
 
 Rounds (`--repeat N`, or any `--peer-python` run): these machines are noisy, and a peer's speed
 depends on its settings, so every engine mode runs N times, each run in its own process, in turns
-(round 1: every mode once, round 2: ...). A mode is (engine, OMP_WAIT_POLICY, eager | compiled):
+(round 1: every mode once, round 2: ...). A mode is (engine, OMP_WAIT_POLICY, eager | compiled |
+default); `default` is lab only: `LLM(path, dtype=...)` with nothing else set, the engine as a
+user meets it (attention=auto, compile=null, its KV cache sized from memory):
 
     python -m lab.bench.throughput --peer-python PY --repeat 3
     python -m lab.bench.throughput --repeat 3 --omp-wait-policy unset --modes eager,compiled
+    python -m lab.bench.throughput --peer-python PY --repeat 3 --omp-wait-policy unset \
+        --modes default,eager,compiled --defaults       # each engine's own defaults
+
+--defaults gives both engines their own defaults for what the bench otherwise sets: lab's
+eager / compiled modes and vLLM run without a KV cache size (lab sizes it from memory, vLLM
+without VLLM_CPU_KVCACHE_SPACE from memory too) and without max_num_seqs,
+max_num_batched_tokens and vLLM's max_model_len.
 
 Each run is printed; then each mode's median; then the peer's best mode (highest median tok/s),
 lab's best mode under the same OMP_WAIT_POLICY, and their ratio per round and its median: the
-number to quote, with the settings printed beside it. OMP_WAIT_POLICY=PASSIVE puts an idle
+number to quote, with the settings printed beside it; with a `default` mode, also lab's
+default mode / the peer's best mode per round. OMP_WAIT_POLICY=PASSIVE puts an idle
 OpenMP worker to sleep at once (it keeps vLLM's Python thread off a spinning core on 2 cores);
 unset, libgomp spins a while first. compiled = torch.compile (vLLM: enforce_eager=False; lab:
 compile=true).
@@ -52,7 +62,7 @@ from pathlib import Path
 
 import torch
 
-from lab import SamplingParams
+from lab import LLM, SamplingParams
 from lab.bench import attention_ceiling
 from lab.bench.peer import add_peer_argument, peer_script
 from lab.bench.workload import (
@@ -76,22 +86,10 @@ def settings_of(sampling: str) -> list[str]:
     return ["off", "penalties_logprobs"] if sampling == "both" else [sampling]
 
 
-def run_lab(path: Path, prompts, args) -> tuple[float, list[list[int]]]:
-    """The first setting's (seconds, token ids): what the main table shows."""
-    return run_lab_settings(path, prompts, args)[settings_of(args.sampling)[0]]
-
-
-def run_lab_settings(path: Path, prompts, args) -> dict[str, tuple[float, list[list[int]]]]:
+def run_lab_settings(llm: LLM, prompts, args) -> dict[str, tuple[float, list[list[int]]]]:
     """{setting: (seconds, token ids)} for each --sampling setting, timed on one LLM, each after
     a short warm-up with that setting's params; with --repeat N the settings take turns N times
     and each keeps its fastest run (noise on these machines only ever adds time)."""
-    knobs = {"compile": True} if args.compile else {}
-    if args.attention:
-        knobs["attention"] = args.attention
-    if args.attention_free:
-        knobs[attention_ceiling.KNOB] = attention_ceiling.TARGET
-    llm = bench_llm(str(path), args.dtype, args.max_num_seqs, args.max_num_batched_tokens,
-                    engine_client=args.engine_client, cpu_threads=args.cpu_threads, **knobs)
     out: dict[str, tuple[float, list[list[int]]]] = {}
     for _ in range(args.repeat):
         for setting in settings_of(args.sampling):
@@ -103,6 +101,24 @@ def run_lab_settings(path: Path, prompts, args) -> dict[str, tuple[float, list[l
             if setting not in out or elapsed < out[setting][0]:
                 out[setting] = elapsed, output_ids(outs)
     return out
+
+
+def lab_llm(path: Path, args) -> LLM:
+    """The LLM a lab run times: --default-mode: `LLM(path, dtype=...)` and nothing else;
+    otherwise eager unless --compile, the bench's limits and KV cache (without --defaults),
+    --attention, --engine-client, --cpu-threads."""
+    if args.default_mode:
+        return LLM(str(path), dtype=args.dtype)
+    knobs = {"compile": args.compile}  # eager (False) unless --compile: compile's null is auto
+    if args.attention:
+        knobs["attention"] = args.attention
+    if args.attention_free:  # attention=torch less its decode attention
+        knobs |= attention_ceiling.KNOBS
+    knobs |= {"engine_client": args.engine_client, "cpu_threads": args.cpu_threads}
+    if args.defaults:
+        return LLM(str(path), dtype=args.dtype, **knobs)
+    return bench_llm(str(path), args.dtype, args.max_num_seqs, args.max_num_batched_tokens,
+                     **knobs)
 
 
 @torch.inference_mode()
@@ -148,20 +164,22 @@ def run_peer(python: str, path: Path, prompts, args, compiled: bool = False,
             cmd += ["--repeat", str(repeat)]
         if compiled:
             cmd.append("--compile")
+        if args.defaults:
+            cmd.append("--defaults")
         subprocess.run(cmd, check=True, stdout=sys.stderr, env=env)
         return json.loads(rfile.read_text())
 
 
 # -- rounds: every engine mode in its own process, in turns ----------------------------------
 OMP_POLICIES = ("unset", "passive", "active")
-MODES = ("eager", "compiled")
+MODES = ("eager", "compiled", "default")  # default: lab only (LLM(path, dtype=...))
 
 
 @dataclass(frozen=True)
 class Mode:
     engine: str  # lab | CEILING (lab, decode attention free) | the peer's name
     omp: str  # OMP_WAIT_POLICY: unset | passive | active
-    mode: str  # eager | compiled
+    mode: str  # eager | compiled | default (lab only)
 
     def __str__(self) -> str:
         return f"{self.engine:<6} OMP_WAIT_POLICY={self.omp:<8} {self.mode}"
@@ -191,6 +209,8 @@ def run_lab_process(mode: Mode, argv: list[str]) -> dict:
         cmd = [sys.executable, "-m", "lab.bench.throughput", *argv, "--one-run", str(out)]
         if mode.mode == "compiled":
             cmd.append("--compile")
+        if mode.mode == "default":
+            cmd.append("--default-mode")
         if mode.engine == CEILING:
             cmd.append("--attention-free")
         subprocess.run(cmd, check=True, stdout=sys.stderr, env=omp_env(mode.omp))
@@ -198,10 +218,13 @@ def run_lab_process(mode: Mode, argv: list[str]) -> dict:
 
 
 def one_run(path: Path, prompts, args) -> None:
-    """--one-run OUT: time lab once (repeat 1) and write {"elapsed_s", "token_ids"}."""
+    """--one-run OUT: time lab once (repeat 1) and write {"elapsed_s", "token_ids", "threads"}
+    (the engine core's torch threads: cpu_threads' null counts the cores free at start)."""
     args.repeat = 1
-    elapsed, ids = run_lab(path, prompts, args)
-    Path(args.one_run).write_text(json.dumps({"elapsed_s": elapsed, "token_ids": ids}))
+    llm = lab_llm(path, args)
+    elapsed, ids = run_lab_settings(llm, prompts, args)[settings_of(args.sampling)[0]]
+    Path(args.one_run).write_text(json.dumps({"elapsed_s": elapsed, "token_ids": ids,
+                                              "threads": llm.engine.cpu_threads}))
 
 
 def lab_argv(args: argparse.Namespace) -> list[str]:
@@ -218,22 +241,26 @@ def lab_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--cpu-threads", str(args.cpu_threads)]
     if args.attention:
         argv += ["--attention", args.attention]
+    if args.defaults:
+        argv.append("--defaults")
     return argv
 
 
 def run_rounds(path: Path, prompts, args) -> None:
     """Every mode once per round, for --repeat rounds; then medians and the ratio to quote."""
     modes = [Mode("lab", omp, m) for omp in args.omp_wait_policy for m in args.modes]
+    tuned = [m for m in args.modes if m != "default"]  # the modes of the peer and the ceiling
     if args.attention_ceiling:
-        modes += [Mode(CEILING, omp, m) for omp in args.omp_wait_policy for m in args.modes]
+        modes += [Mode(CEILING, omp, m) for omp in args.omp_wait_policy for m in tuned]
     if args.peer_python:
-        modes += [Mode("vllm", omp, m) for omp in args.omp_wait_policy for m in args.modes]
+        modes += [Mode("vllm", omp, m) for omp in args.omp_wait_policy for m in tuned]
     n_out = len(prompts) * args.output_len
     runs: dict[Mode, list[float]] = {m: [] for m in modes}
     ids: dict[Mode, list[list[int]]] = {}
     print(f"\nmodel {args.model}  prompts {len(prompts)}  output {args.output_len} tokens each  "
           f"dtype {args.dtype}  sampling {args.sampling}  rounds {args.repeat}  "
-          f"lab attention={args.attention or 'torch (the config default)'}")
+          f"lab attention={args.attention or 'auto (the config default)'}"
+          f"{'  each engine its own KV cache and limits (--defaults)' if args.defaults else ''}")
     for k in range(args.repeat):
         for mode in modes:
             r = (run_lab_process(mode, lab_argv(args)) if mode.is_lab else
@@ -241,8 +268,9 @@ def run_rounds(path: Path, prompts, args) -> None:
                           omp_env(mode.omp), repeat=1))
             runs[mode].append(n_out / r["elapsed_s"])
             ids.setdefault(mode, r["token_ids"])
+            threads = f"  threads {r['threads']}" if "threads" in r else ""
             print(f"round {k + 1}  {mode}  {r['elapsed_s']:8.2f} s  "
-                  f"{runs[mode][-1]:8.1f} tok/s", flush=True)
+                  f"{runs[mode][-1]:8.1f} tok/s{threads}", flush=True)
     print(summarize(runs, ids, prompts, path, args))
 
 
@@ -264,6 +292,10 @@ def summarize(runs: dict, ids: dict, prompts, path: Path, args) -> str:
     best_lab = max(same, key=lambda m: statistics.median(runs[m]))
     lines += ["", f"peer's best mode: {best_peer}", f"lab under the same settings, best mode: "
               f"{best_lab}", f"lab / peer per round: {ratio_line(runs[best_lab], runs[best_peer])}"]
+    default = Mode("lab", best_peer.omp, "default")
+    if default in runs:
+        lines.append(f"lab's default mode / peer per round: "
+                     f"{ratio_line(runs[default], runs[best_peer])}")
     ceiling = Mode(CEILING, best_lab.omp, best_lab.mode)
     if ceiling in runs:
         lines.append(f"{CEILING} (lab's best mode, decode attention free) / peer per round: "
@@ -306,10 +338,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="rounds: comma list of OMP_WAIT_POLICY settings to run every engine "
                         "under (unset, passive, active)")
     p.add_argument("--modes", type=_choices(MODES), default=list(MODES),
-                   help="rounds: comma list of eager, compiled")
+                   help="rounds: comma list of eager, compiled, default (lab only: "
+                        "LLM(path, dtype=...))")
     p.add_argument("--compile", action="store_true", help="lab with compile=true")
+    p.add_argument("--defaults", action="store_true",
+                   help="each engine its own defaults for the KV cache and the limits (lab's "
+                        "sized from memory, vLLM's without VLLM_CPU_KVCACHE_SPACE), instead of "
+                        "the bench's (a 1 GiB / 4 GiB cache, --max-num-seqs, "
+                        "--max-num-batched-tokens)")
+    p.add_argument("--default-mode", action="store_true",
+                   help="(internal) this lab run as LLM(path, dtype=...) with nothing else set")
     p.add_argument("--attention", default=None,
-                   help="lab's attention backend (default: the config's, attention=torch); "
+                   help="lab's attention backend (default: the config's, attention=auto); "
                         "cpu: decode steps on the C++ paged-decode kernel")
     p.add_argument("--attention-ceiling", action="store_true",
                    help="rounds: also time lab with decode attention free (only its KV write; "
@@ -343,7 +383,7 @@ def main(argv=None) -> None:
         return
     n_out = len(prompts) * args.output_len
     rows = []
-    lab_runs = run_lab_settings(path, prompts, args)
+    lab_runs = run_lab_settings(lab_llm(path, args), prompts, args)
     t_lab, lab_ids = lab_runs[settings_of(args.sampling)[0]]
     rows.append(("lab", t_lab, "-"))
     peer = None

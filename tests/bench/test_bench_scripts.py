@@ -303,3 +303,43 @@ def test_lab_bench_names_are_the_runnable_modules(capsys):
         main(["bench", "vllm_peer"])
     assert exit_.value.code == 2
     assert "name one of cpu_decode, cpu_gemm" in capsys.readouterr().err
+
+
+def test_throughput_default_mode_is_lab_as_a_user_meets_it(capsys, monkeypatch):
+    """--modes default,compiled --defaults: lab's default mode runs with --default-mode (and no
+    --compile), the peer runs no default mode and gets --defaults (its own KV cache and limits);
+    the default mode's ratio to the peer's best mode is printed per round; a --default-mode run
+    builds LLM(path, dtype=...) with nothing else set and reports its threads."""
+    from lab.bench import throughput
+
+    cmds, peer_calls = [], []
+
+    def fake_run(cmd, check, stdout, env):  # run_lab_process's subprocess
+        cmds.append(cmd)
+        out = Path(cmd[cmd.index("--one-run") + 1])
+        seconds = 1.0 if "--default-mode" in cmd else 2.0
+        out.write_text(json.dumps({"elapsed_s": seconds, "token_ids": [[1, 2]], "threads": 2}))
+
+    def fake_peer(python, path, prompts, args, compiled, env, repeat):
+        peer_calls.append((compiled, args.defaults))
+        return {"elapsed_s": 1.5, "token_ids": [[1, 2]]}
+
+    monkeypatch.setattr(throughput.subprocess, "run", fake_run)
+    monkeypatch.setattr(throughput, "run_peer", fake_peer)
+    throughput.main(["--model", "tiny_llama", "--num-prompts", "1", "--output-len", "2",
+                     "--repeat", "2", "--modes", "default,compiled", "--omp-wait-policy", "unset",
+                     "--no-hf", "--peer-python", "py", "--defaults"])
+    out = capsys.readouterr().out
+    assert [("--default-mode" in c, "--compile" in c, "--defaults" in c) for c in cmds] == \
+        [(True, False, True), (False, True, True)] * 2
+    assert peer_calls == [(True, True)] * 2
+    assert "lab's default mode / peer per round: 1.50, 1.50  median 1.50" in out
+    assert "threads 2" in out
+
+    args = throughput.parse_args(["--model", "tiny_llama", "--default-mode"])
+    from lab.bench.workload import checkpoint
+
+    llm = throughput.lab_llm(checkpoint("tiny_llama"), args)
+    cfg = llm.engine.cfg
+    assert cfg.compile is None and cfg.cpu_kv_cache_gb is None and cfg.max_num_seqs == 256
+    assert llm.engine.model_info.attention_backend == "cpu"
