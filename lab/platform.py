@@ -3,6 +3,7 @@ torch is imported inside the functions that need it, so the light parts stay lig
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import time
@@ -58,30 +59,39 @@ def load_average() -> float:
         return 0.0
 
 
-def busy_cores(window_s: float = 0.2) -> float:
-    """How many cores other processes keep busy now: the machine's busy CPU time over a short
-    window (/proc/stat) less this process's own (/proc/self/stat), per second of the window. A
-    sample of the present, not the 1-minute load average, whose past (a run that just ended)
-    would take cores from a run that starts after it. Where /proc is not there: the load
+def busy_cores(window_s: float = 0.3, samples: int = 3) -> float:
+    """How many cores other processes keep busy now: the machine's busy CPU time (/proc/stat)
+    less this process's own (/proc/self/stat), per second, in the quietest of `samples` equal
+    parts of a short window. A sample of the present, not the 1-minute load average, whose past
+    (a run that just ended) would take cores from a run that starts after it; the quietest part,
+    so that work that holds a core throughout counts and a moment's (a command run beside the
+    start) does not take a thread for the whole run. Where /proc is not there: the load
     average."""
-    def machine_busy() -> int:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        return sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # minus idle
-
-    def own() -> int:
-        with open("/proc/self/stat", encoding="ascii") as f:
-            after_name = f.read().rsplit(")", 1)[1].split()
-        return int(after_name[11]) + int(after_name[12])  # utime + stime
-
     try:
         hz = os.sysconf("SC_CLK_TCK")
-        busy0, own0, t0 = machine_busy(), own(), time.monotonic()
-        time.sleep(window_s)
-        busy1, own1, t1 = machine_busy(), own(), time.monotonic()
+        marks = [(_machine_busy_ticks(), _own_ticks(), time.monotonic())]
+        for _ in range(samples):
+            time.sleep(window_s / samples)
+            marks.append((_machine_busy_ticks(), _own_ticks(), time.monotonic()))
     except (OSError, ValueError, IndexError):
         return load_average()
-    return max(0.0, (busy1 - busy0 - (own1 - own0)) / hz / (t1 - t0))
+    return max(0.0, min((b1 - b0 - (o1 - o0)) / hz / (t1 - t0)
+                        for (b0, o0, t0), (b1, o1, t1) in itertools.pairwise(marks)))
+
+
+def _machine_busy_ticks() -> int:
+    """Every CPU's busy time so far, in clock ticks (/proc/stat's first line, less idle and
+    iowait)."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)
+
+
+def _own_ticks() -> int:
+    """This process's CPU time so far (user + system), in clock ticks (/proc/self/stat)."""
+    with open("/proc/self/stat", encoding="ascii") as f:
+        after_name = f.read().rsplit(")", 1)[1].split()
+    return int(after_name[11]) + int(after_name[12])
 
 
 def auto_cpu_threads(reserve: int = 0, cores: int | None = None, busy: float | None = None,

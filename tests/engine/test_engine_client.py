@@ -4,6 +4,7 @@ a dead core process fails its callers at once instead of hanging."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -235,6 +236,28 @@ def test_busy_cores_sees_another_process_spin_and_not_its_own_past():
     finally:
         spinner.terminate()
         spinner.join()
+
+
+def test_busy_cores_takes_the_quietest_part_of_its_window(monkeypatch):
+    """A moment's work beside the start (one part of the window: a git commit took a core for
+    0.1 s) does not count; work through the whole window does (each part sees it). Before, one
+    0.2 s sample counted the moment and a run kept 1 thread of 2 throughout."""
+    from lab import platform
+
+    hz = os.sysconf("SC_CLK_TCK")
+    clock = iter(range(100))
+    monkeypatch.setattr(platform.time, "monotonic", lambda: next(clock) * 0.1)
+    monkeypatch.setattr(platform.time, "sleep", lambda s: None)
+    monkeypatch.setattr(platform, "_own_ticks", lambda: 0)
+
+    def machine(per_part: list[float]):  # busy cores in each 0.1 s part -> tick counters
+        ticks = itertools.accumulate([0, *(round(c * hz * 0.1) for c in per_part)])
+        monkeypatch.setattr(platform, "_machine_busy_ticks", lambda: next(ticks))
+
+    machine([1.0, 0.0, 0.0])  # a moment at the start
+    assert platform.busy_cores(0.3, 3) == 0.0
+    machine([1.0, 1.0, 1.0])  # a process holding a core throughout
+    assert platform.busy_cores(0.3, 3) == pytest.approx(1.0)
 
 
 def _spin() -> None:
