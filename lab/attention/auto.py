@@ -48,8 +48,9 @@ def auto_backend(*, device: torch.device, mla: bool) -> AttentionBackend:
 
 
 def build_backend(option: dict[str, Any], device: torch.device, hf_config) -> AttentionBackend:
-    """The attention option's backend: a named option as configured; attention=auto (a partial)
-    completed with the device and whether the model has MLA layers."""
+    """The attention option's backend: a named option as configured; a partial option
+    (attention=auto's, or a plug-in's that chooses the same way) completed with `device=` and
+    `mla=` (whether the model has MLA layers)."""
     backend = instantiate(option)
     if isinstance(backend, functools.partial):
         backend = backend(device=device, mla=has_mla(hf_config))
