@@ -32,9 +32,9 @@ import zmq
 from lab import LLM, SamplingParams
 from lab.bench.workload import checkpoint, make_prompts
 from lab.core.protocol import EngineCoreOutputs, EngineCoreRequest
-from lab.engine.builder import cpu_threads_for_server_core
 from lab.engine.serial import MessageCodec
 from lab.models.tiny import preset_names
+from lab.platform import usable_cpu_cores
 
 
 @dataclass
@@ -120,10 +120,15 @@ def capture_requests(llm: LLM) -> list[EngineCoreRequest]:
     return requests
 
 
+def cores_less_one() -> int:
+    """The torch threads of the `mp cores - 1` engine: one core left to the frontend."""
+    return max(1, usable_cpu_cores() - 1)
+
+
 def settings() -> dict[str, tuple[str, int | None]]:
     """{name: (engine_client, cpu_threads)} of the timed engines."""
     return {"inproc": ("inproc", None), "mp": ("mp", None),
-            "mp cores - 1": ("mp", cpu_threads_for_server_core())}
+            "mp cores - 1": ("mp", cores_less_one())}
 
 
 def run(args: argparse.Namespace) -> None:
@@ -162,7 +167,7 @@ def report(args, best: dict[str, float], steps, requests) -> str:
     inproc = best["inproc"]
     lines = [f"model {args.model}  prompts {args.num_prompts}  {args.input_len} -> "
              f"{args.output_len} tokens  torch threads {torch.get_num_threads()} (cores - 1: "
-             f"{cpu_threads_for_server_core()})  fastest of {args.repeat}",
+             f"{cores_less_one()})  fastest of {args.repeat}",
              f"{'engine_client':<16}{'seconds':>9}{'output tok/s':>14}{'vs inproc':>11}"
              f"{'us/step more':>14}"]
     for name, t in best.items():

@@ -89,10 +89,6 @@ def set_cpu_threads(knob: int | None, engine_client: str) -> int:
     return n
 
 
-def cpu_threads_for_server_core() -> int:
-    return max(1, usable_cpu_cores() - 1)
-
-
 def worker_config(cfg: DictConfig) -> WorkerConfig:
     """The worker's half of a composed engine config: the model, its components' options (plain
     data: each worker builds its own, in its process), the knobs."""
