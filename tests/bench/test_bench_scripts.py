@@ -158,6 +158,21 @@ def test_throughput_rounds_quote_lab_against_the_peers_best_mode(capsys, monkeyp
     assert "0/1 sequences identical" in out  # the fake peer's ids differ from lab's
 
 
+def fake_lab_runs(monkeypatch, result_of) -> list[list[str]]:
+    """Stand in for run_lab_process's subprocess: each lab run's command line is recorded (the
+    list returned) and its result file holds result_of(command line)."""
+    from lab.bench import throughput
+
+    cmds = []
+
+    def fake_run(cmd, check, stdout, env):
+        cmds.append(cmd)
+        Path(cmd[cmd.index("--one-run") + 1]).write_text(json.dumps(result_of(cmd)))
+
+    monkeypatch.setattr(throughput.subprocess, "run", fake_run)
+    return cmds
+
+
 def test_throughput_attention_ceiling_is_timed_beside_lab_but_never_quoted(capsys, monkeypatch):
     """--attention-ceiling: a lab-0a mode per lab mode, run with --attention-free; its ratio to
     the peer's best mode is printed under the quoted one, never chosen as lab's best mode (even
@@ -165,18 +180,12 @@ def test_throughput_attention_ceiling_is_timed_beside_lab_but_never_quoted(capsy
     from lab.bench import throughput
 
     seconds = {"lab": 2.0, throughput.CEILING: 1.0, "vllm": 2.5}
-    cmds = []
-
-    def fake_run(cmd, check, stdout, env):  # run_lab_process's subprocess
-        cmds.append(cmd)
-        engine = throughput.CEILING if "--attention-free" in cmd else "lab"
-        out = Path(cmd[cmd.index("--one-run") + 1])
-        out.write_text(json.dumps({"elapsed_s": seconds[engine], "token_ids": [[1, 2]]}))
+    cmds = fake_lab_runs(monkeypatch, lambda cmd: {"elapsed_s": seconds[
+        throughput.CEILING if "--attention-free" in cmd else "lab"], "token_ids": [[1, 2]]})
 
     def fake_peer(python, path, prompts, args, compiled, env, repeat):
         return {"elapsed_s": seconds["vllm"], "token_ids": [[1, 2]]}
 
-    monkeypatch.setattr(throughput.subprocess, "run", fake_run)
     monkeypatch.setattr(throughput, "run_peer", fake_peer)
     throughput.main(["--model", "tiny_llama", "--num-prompts", "2", "--output-len", "4",
                      "--repeat", "2", "--modes", "compiled", "--omp-wait-policy", "unset",
@@ -311,20 +320,16 @@ def test_throughput_default_mode_is_lab_as_a_user_meets_it(capsys, monkeypatch):
     the default mode's ratio to the peer's best mode is printed per round; a --default-mode run
     builds LLM(path, dtype=...) with nothing else set and reports its threads."""
     from lab.bench import throughput
+    from lab.bench.workload import checkpoint
 
-    cmds, peer_calls = [], []
-
-    def fake_run(cmd, check, stdout, env):  # run_lab_process's subprocess
-        cmds.append(cmd)
-        out = Path(cmd[cmd.index("--one-run") + 1])
-        seconds = 1.0 if "--default-mode" in cmd else 2.0
-        out.write_text(json.dumps({"elapsed_s": seconds, "token_ids": [[1, 2]], "threads": 2}))
+    cmds = fake_lab_runs(monkeypatch, lambda cmd: {
+        "elapsed_s": 1.0 if "--default-mode" in cmd else 2.0, "token_ids": [[1, 2]], "threads": 2})
+    peer_calls = []
 
     def fake_peer(python, path, prompts, args, compiled, env, repeat):
         peer_calls.append((compiled, args.defaults))
         return {"elapsed_s": 1.5, "token_ids": [[1, 2]]}
 
-    monkeypatch.setattr(throughput.subprocess, "run", fake_run)
     monkeypatch.setattr(throughput, "run_peer", fake_peer)
     throughput.main(["--model", "tiny_llama", "--num-prompts", "1", "--output-len", "2",
                      "--repeat", "2", "--modes", "default,compiled", "--omp-wait-policy", "unset",
@@ -337,8 +342,6 @@ def test_throughput_default_mode_is_lab_as_a_user_meets_it(capsys, monkeypatch):
     assert "threads 2" in out
 
     args = throughput.parse_args(["--model", "tiny_llama", "--default-mode"])
-    from lab.bench.workload import checkpoint
-
     llm = throughput.lab_llm(checkpoint("tiny_llama"), args)
     cfg = llm.engine.cfg
     assert cfg.compile is None and cfg.cpu_kv_cache_gb is None and cfg.max_num_seqs == 256
