@@ -107,10 +107,11 @@ class ServerProcess:
         raise TimeoutError(f"lab serve was not ready after {self.ready_timeout:.0f} s")
 
     def core_pid(self) -> int:
-        """The engine core's pid: the server's child spawned by multiprocessing (its other
-        child, multiprocessing's resource tracker, is not it)."""
-        cores = [pid for pid in children_of(self.proc.pid)
-                 if "spawn_main" in _cmdline(pid) and "resource_tracker" not in _cmdline(pid)]
+        """The engine core's pid: the child of the server's fork server (multiprocessing's,
+        lab.distributed.launch; the server's other child is multiprocessing's resource tracker)."""
+        servers = [pid for pid in children_of(self.proc.pid)
+                   if "multiprocessing.forkserver" in _cmdline(pid)]
+        cores = [pid for server in servers for pid in children_of(server)]
         if len(cores) != 1:
             raise RuntimeError(f"lab serve (pid {self.proc.pid}) has {len(cores)} engine-core "
                                f"processes, expected one")

@@ -8,9 +8,12 @@ the layer tests and the collective benchmark use. A rank that raises or dies mak
 RuntimeError naming the rank, and the pool is then closed (no process left behind).
 
 Processes start through a multiprocessing context (`start_method`, default "forkserver"): the
-fork server imports torch once and forks each rank from that clean state, so a rank costs a
-fork instead of an interpreter start and a torch import, and no rank inherits the parent's
-threads or CUDA context (what makes a plain fork unsafe).
+fork server imports torch, transformers and lab's engine and worker code once (PRELOAD) and
+forks each rank, and each engine-core process (lab/engine/client.py), from that clean state, so
+a process costs a fork instead of an interpreter start and those imports (~3 CPU-seconds), and
+none inherits the parent's threads or CUDA context (what makes a plain fork unsafe). A forked
+child starts with the environment the fork server started with: `adopt_environ` gives it its
+parent's, as a spawned child would have.
 """
 
 from __future__ import annotations
@@ -25,7 +28,13 @@ from collections.abc import Callable
 from typing import Any
 
 START_METHODS = ("forkserver", "spawn", "fork")
-PRELOAD = ["torch", "lab.distributed.parallel_state"]
+#: what the fork server imports before it forks anything: one list for ranks and engine-core
+#: processes alike, since a process has one fork server and its first start decides the imports.
+#: transformers' config modules load its activations (and, in transformers 5, torch.distributed
+#: and sympy) on first use: ~1 CPU-second a child would otherwise pay
+PRELOAD = ["torch", "transformers.activations", "transformers.models.auto.configuration_auto",
+           "lab.distributed.parallel_state", "lab.worker.worker", "lab.executor.multiproc",
+           "lab.engine.builder", "lab.engine.core_proc"]
 
 
 def watch_parent() -> None:
@@ -54,18 +63,29 @@ def tcp_init_method(host: str = "127.0.0.1", port: int | None = None) -> str:
     return f"tcp://{host}:{port or free_port(host)}"
 
 
-def mp_context(start_method: str = "forkserver", preload: list[str] | None = None):
-    """The multiprocessing context ranks start in (ValueError naming the allowed methods)."""
+def mp_context(start_method: str = "forkserver"):
+    """The multiprocessing context ranks and engine-core processes start in (ValueError naming
+    the allowed methods)."""
     if start_method not in START_METHODS:
         raise ValueError(f"start_method={start_method!r}: use one of {', '.join(START_METHODS)}")
     ctx = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload(list(preload or PRELOAD))
+        ctx.set_forkserver_preload(PRELOAD)
     return ctx
 
 
-def _rank_main(config, rank: int, init_method: str, device: str, conn) -> None:
+def adopt_environ(env: dict[str, str]) -> None:
+    """Set the starting process's environment variables (`dict(os.environ)` when it started
+    this one) in this process: a child of the fork server has the variables the fork server
+    started with, not its parent's of now (e.g. OMP_NUM_THREADS or LAB_CACHE_DIR set since).
+    Variables are set, none removed; modules the fork server preloaded read theirs already."""
+    os.environ.update(env)
+
+
+def _rank_main(config, rank: int, init_method: str, device: str, conn,
+               env: dict[str, str]) -> None:
     """A pool rank: join the group, then run (fn, args) messages until None."""
+    adopt_environ(env)
     from lab.distributed.parallel_state import destroy_parallel_state, init_parallel_state
 
     try:
@@ -106,7 +126,8 @@ class RankPool:
         self.conns, self.procs = [], []
         for rank in range(world_size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_rank_main, args=(config, rank, init_method, device, child),
+            proc = ctx.Process(target=_rank_main,
+                               args=(config, rank, init_method, device, child, dict(os.environ)),
                                name=f"lab-rank-{rank}", daemon=True)
             proc.start()
             child.close()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import itertools
-import multiprocessing
+import os
 import shutil
 import tempfile
 import time
@@ -44,6 +44,7 @@ from lab.core.protocol import (
     UtilityResult,
 )
 from lab.core.request import FINISH_REASONS, RequestStatus
+from lab.distributed.launch import mp_context
 from lab.engine.core import EngineCore, EngineDeadError
 from lab.engine.core_proc import (
     ABORT,
@@ -107,7 +108,8 @@ class MPClient:
         atexit.register(self.shutdown)
 
     def _start(self, cfg: DictConfig):
-        """Bind the two sockets in our IPC directory, spawn the core process and wait for its
+        """Bind the two sockets in our IPC directory, start the core process (a fork of
+        the fork server, lab.distributed.launch) and wait for its
         CoreInfo."""
         input_addr, output_addr = f"ipc://{self._dir}/input", f"ipc://{self._dir}/output"
         self.ctx = zmq.Context()
@@ -115,12 +117,12 @@ class MPClient:
         self.input.bind(input_addr)
         self.output = self.ctx.socket(zmq.PULL)
         self.output.bind(output_addr)
-        spawn = multiprocessing.get_context("spawn")
-        ready, child_end = spawn.Pipe(duplex=False)
-        self.proc = spawn.Process(
+        ctx = mp_context("forkserver")  # a fork of the server that imported torch and lab once
+        ready, child_end = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(
             target=run_engine_core, name="lab-engine-core", daemon=True,
             args=(OmegaConf.to_container(cfg, resolve=False), input_addr, output_addr, child_end,
-                  heartbeat_interval(self.timeout_s)))
+                  heartbeat_interval(self.timeout_s), dict(os.environ)))
         self.proc.start()
         child_end.close()
         return self._wait_ready(ready)
@@ -144,8 +146,8 @@ class MPClient:
             raise EngineDeadError(
                 f"the engine-core process exited while starting (exit code {self.proc.exitcode})"
                 "; a script that starts an engine with engine_client=mp / async_mp must do so "
-                "under `if __name__ == '__main__':` (the core process is spawned, and re-imports "
-                "the main module)") from None
+                "under `if __name__ == '__main__':` (the core process, a fork of multiprocessing's "
+                "fork server, re-imports the main module)") from None
         ready.close()
         if kind != "ready":
             self.shutdown()

@@ -48,7 +48,7 @@ import zmq
 
 from lab.config.worker import WorkerConfig
 from lab.core.step import ModelRunnerOutput, SchedulerOutput
-from lab.distributed.launch import PRELOAD, mp_context, tcp_init_method, watch_parent
+from lab.distributed.launch import adopt_environ, mp_context, tcp_init_method, watch_parent
 from lab.executor.base import call_worker
 from lab.executor.distributed import (
     POLL_S,
@@ -59,14 +59,14 @@ from lab.executor.distributed import (
 )
 from lab.executor.pipeline import InOrderSteps, StepFuture
 
-RANK_PRELOAD = [*PRELOAD, "lab.worker.worker", "lab.executor.multiproc"]
 SHUTDOWN = b"shutdown"
 
 
 def worker_main(config: WorkerConfig, rank: int, init_method: str, input_addr: str,
-                output_addr: str) -> None:
+                output_addr: str, env: dict[str, str]) -> None:
     """A rank's process: build its Worker, report ready (or the error), then run calls until
     SHUTDOWN; exit at once (skipping the interpreter's teardown) when done or orphaned."""
+    adopt_environ(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
     watch_parent()
     ctx = zmq.Context()
@@ -144,7 +144,7 @@ class RankProcesses:
         self.output = self.ctx.socket(zmq.PULL)
         self.output.bind(f"ipc://{self.dir}/out")
         self.inputs, self.procs = [], []
-        ctx = mp_context(start_method, RANK_PRELOAD)
+        ctx = mp_context(start_method)
         init_method = tcp_init_method()
         with children_allowed():
             for rank in range(config.parallel.world_size):
@@ -152,7 +152,7 @@ class RankProcesses:
                 sock.bind(f"ipc://{self.dir}/in-{rank}")
                 proc = ctx.Process(target=worker_main, name=f"lab-worker-{rank}", daemon=True,
                                    args=(config, rank, init_method, f"ipc://{self.dir}/in-{rank}",
-                                         f"ipc://{self.dir}/out"))
+                                         f"ipc://{self.dir}/out", dict(os.environ)))
                 proc.start()
                 self.inputs.append(sock)
                 self.procs.append(proc)

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from lab import LLM, SamplingParams
+from lab.bench.server_process import children_of
 from lab.engine.client import EngineDeadError
 from lab.metrics.memory import InMemoryLogger
 from tests.procs import start_script
@@ -104,6 +105,18 @@ def test_a_dead_core_process_fails_its_callers_at_once():
     llm.engine.shutdown()
 
 
+def test_a_core_process_takes_the_environment_its_frontend_has_at_the_start(mp, monkeypatch):
+    """Core processes are forks of one fork server, started with the environment of its
+    first use: a variable set since (here OMP_NUM_THREADS, which the core's thread count
+    follows) reaches the next core as it would reach a spawned one."""
+    monkeypatch.setenv("OMP_NUM_THREADS", str(mp.engine.cpu_threads + 1))
+    llm = LLM("tiny_llama", engine_client="mp", **KNOBS)
+    try:
+        assert llm.engine.cpu_threads == mp.engine.cpu_threads + 1
+    finally:
+        llm.engine.shutdown()
+
+
 def test_an_idle_client_is_not_taken_for_a_hung_core(mp, inproc):
     """The synchronous client reads nothing between calls: silence is judged only while a call
     waits, after the heartbeats queued meanwhile were read (a check in add_request would have
@@ -173,12 +186,14 @@ def test_a_killed_frontend_leaves_no_core_process(tmp_path):
     front = start_script(tmp_path / "frontend.py", FRONTEND)
     try:
         core_pid = int(front.stdout.readline())
+        helpers = children_of(front.pid)  # multiprocessing's fork server and resource tracker
         os.kill(front.pid, signal.SIGKILL)
         front.wait(WAIT_S)
         deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and _alive(core_pid):
+        while time.monotonic() < deadline and any(map(_alive, [core_pid, *helpers])):
             time.sleep(0.05)
         assert not _alive(core_pid)
+        assert not any(map(_alive, helpers))
     finally:
         front.kill()
 
