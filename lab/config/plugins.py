@@ -19,6 +19,7 @@ docs/plugins.md walks through a whole plug-in (examples/plugin/).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from lab.config.knob import Knob, knobs_of
+
+log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "lab.plugins"
 CONFIG_PATH_ENV = "LAB_CONFIG_PATH"
@@ -51,10 +54,17 @@ class Plugin:
 @cache
 def installed_plugins() -> tuple[Plugin, ...]:
     """The plug-ins installed in this environment (entry points of group `lab.plugins`), read
-    once per process (`installed_plugins.cache_clear()` reads them again)."""
+    once per process (`installed_plugins.cache_clear()` reads them again). One whose module
+    cannot be imported (a package removed under its stale entry point, or broken) is left out
+    with a warning naming it: its options are missing, lab's and the other plug-ins' are not."""
     found = []
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        plugin = ep.load()
+        try:
+            plugin = ep.load()
+        except Exception as e:  # noqa: BLE001 - any import failure of a plug-in's own code
+            log.warning("lab plug-in %r (%s) is left out: importing it failed: %s: %s; reinstall "
+                        "it or uninstall its package", ep.name, ep.value, type(e).__name__, e)
+            continue
         if not isinstance(plugin, Plugin):
             raise TypeError(f"entry point {ep.name} = {ep.value!r} of group {ENTRY_POINT_GROUP} "
                             f"must name a lab.config.plugins.Plugin, not {type(plugin).__name__}")
