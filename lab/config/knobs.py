@@ -86,8 +86,8 @@ class EngineKnobs:
     cpu_threads: int | None = knob(
         None, "torch CPU threads of the engine core", ge=1,
         null="auto: the cores free of other work at start (usable cores minus those other "
-             "processes keep busy, sampled over 0.2 s; at least 1; OMP_NUM_THREADS when set; "
-             "printed at start); in the core process of "
+             "processes keep busy, the quietest of three 0.1 s samples; at least 1; "
+             "OMP_NUM_THREADS when set; printed at start); in the core process of "
              "engine_client=async_mp one fewer, left to the server, as vLLM-CPU reserves one")
     engine_client: str = knob(
         "inproc", "where the engine core runs: inproc (the caller's thread), mp (its own "
