@@ -8,7 +8,7 @@
 // are reduced, one task per row. Measured: experiments/results/2026-12-05-cpu-kernels-option.md.
 
 #include <ATen/ATen.h>
-#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (slower to build)
+#include <torch/library.h>  // the dispatcher (not pybind11: torch/python.h doubled the build)
 
 #include <ATen/Parallel.h>
 
@@ -94,6 +94,11 @@ at::Tensor argmax_rows(at::Tensor x) {
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("argmax_rows", &argmax_rows, "the first index of each row's largest value (NaN largest)");
+// this build's own op namespace (its module name, hash included: two builds never collide); the
+// extra macro level expands TORCH_EXTENSION_NAME before TORCH_LIBRARY pastes it
+#define LAB_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+
+LAB_LIBRARY(TORCH_EXTENSION_NAME, m) {
+  // the first index of each row's largest value (NaN largest)
+  m.def("argmax_rows(Tensor x) -> Tensor", &argmax_rows);
 }

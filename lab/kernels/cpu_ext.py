@@ -25,7 +25,10 @@ C++ (`lab/kernels/cpu_*.cpp`), each beside its PyTorch reference like every Trit
   ordered kernel's order of adds is its contract).
 - name: `lab_<stem>_<hash>`, the hash over the source, the flags, torch's version and this
   CPU's flags, so a changed source or another machine builds its own copy instead of loading a
-  binary made for other instructions.
+  binary made for other instructions. The library registers its functions as dispatcher ops
+  under that name (`load()` returns `torch.ops.<name>`; two builds never collide): a plain
+  shared library, with no pybind11 module, whose headers took half of each build (4 kernels:
+  84 -> 44 CPU-seconds on the 2-core machine of the measurements).
 - failure: no compiler, no ninja, no libmvec, a lock held too long... raise
   `CPUKernelUnavailable`; the option that asked decides (fail, or its PyTorch reference).
 """
@@ -42,7 +45,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,11 @@ LDFLAGS = ("-fopenmp", "-lmvec")  # OpenMP (torch's libgomp at run time), glibc'
 # cores), short of a hang
 LOCK_TIMEOUT_S = 600.0
 TORCH_BATON = "lock"  # the file torch's cpp_extension creates in a build directory while building
+
+
+#: a loaded extension's functions: the dispatcher ops its source registers under its name
+#: (`torch.ops.<name>.<function>`, module docstring)
+Kernels = Any
 
 
 class CPUKernelUnavailable(RuntimeError):
@@ -140,14 +148,16 @@ def remove_stale_baton(build_dir: Path) -> bool:
 
 
 def compile_extension(name: str, source: Path, cflags: tuple[str, ...],
-                      build_dir: Path) -> ModuleType:
-    """torch's cpp_extension: build `source` as module `name` in `build_dir` (ninja skips an
-    up-to-date build) and import it."""
+                      build_dir: Path) -> Kernels:
+    """torch's cpp_extension: build `source` as library `name` in `build_dir` (ninja skips an
+    up-to-date build), load it, and return its ops (`torch.ops.<name>`)."""
+    import torch
     from torch.utils.cpp_extension import load as cpp_load
 
     # lists made here: cpp_extension appends torch's libraries to the lists it is given
-    return cpp_load(name, [str(source)], extra_cflags=list(cflags), extra_ldflags=list(LDFLAGS),
-                    build_directory=str(build_dir), verbose=False)
+    cpp_load(name, [str(source)], extra_cflags=list(cflags), extra_ldflags=list(LDFLAGS),
+             build_directory=str(build_dir), verbose=False, is_python_module=False)
+    return getattr(torch.ops, name)
 
 
 class CPUExtension:
@@ -158,7 +168,7 @@ class CPUExtension:
         self.stem = stem
         self.cflags = CFLAGS + extra_cflags  # later flags win: ("-fno-fast-math",) undoes one
         self.source = Path(__file__).with_name(f"{stem}.cpp")
-        self.module: ModuleType | None = None  # loaded in this process
+        self.module: Kernels | None = None  # loaded in this process
 
     def name(self) -> str:
         """lab_<stem>_<hash of source, flags, torch version and the CPU's flags>."""
@@ -168,21 +178,21 @@ class CPUExtension:
                          cpu_flags()])
         return f"lab_{self.stem}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
-    def load(self) -> ModuleType:
+    def load(self) -> Kernels:
         """The compiled extension: loaded already in this process, else built (or loaded from
         the disk cache) now; CPUKernelUnavailable when it cannot be built here."""
         if self.module is None:
             self.module = self.build()
         return self.module
 
-    def loaded(self) -> ModuleType:
+    def loaded(self) -> Kernels:
         """The extension `load()` loaded in this process; never builds (a request's path)."""
         if self.module is None:
             raise RuntimeError(f"the CPU kernel {self.source.name} is not loaded in this process: "
                                "its option's setup (before the engine is ready) loads it")
         return self.module
 
-    def build(self) -> ModuleType:
+    def build(self) -> Kernels:
         """Build (or load from the disk cache) the extension under the build lock;
         CPUKernelUnavailable when it cannot be built here."""
         name = self.name()
@@ -232,7 +242,7 @@ class PackedGemm:
         """Whether this machine can run the kernel at all (checked before anything is built)."""
         return True
 
-    def usable(self, module: ModuleType) -> bool:
+    def usable(self, module: Kernels) -> bool:
         """Whether the loaded extension runs here (e.g. the OS grants the AMX tiles)."""
         return True
 

@@ -25,8 +25,7 @@
 // and the Python side never packs.
 
 #include <ATen/ATen.h>
-#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (slower to build)
-#include <torch/library.h>
+#include <torch/library.h>  // the dispatcher (not pybind11: torch/python.h doubled the build)
 
 #include <ATen/Parallel.h>
 
@@ -219,8 +218,13 @@ TORCH_LIBRARY_FRAGMENT(lab_cpu, m) {
 
 TORCH_LIBRARY_IMPL(lab_cpu, CPU, m) { m.impl("gemm_bf16", &gemm); }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("amx_ready", &amx_ready, "whether AMX-BF16 is compiled in and this process may use it");
-  m.def("pack", &pack, "W [N, K] bf16 -> the AMX layout (flat [N * K])");
-  m.def("gemm", &gemm, "y = x W^T (+ bias) through the packed weight");
+// this build's own op namespace (its module name, hash included: two builds never collide); the
+// extra macro level expands TORCH_EXTENSION_NAME before TORCH_LIBRARY pastes it
+#define LAB_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+
+LAB_LIBRARY(TORCH_EXTENSION_NAME, m) {
+  m.def("amx_ready() -> bool", &amx_ready);  // AMX-BF16 compiled in and this process may use it
+  m.def("pack(Tensor weight) -> Tensor", &pack);  // W [N, K] bf16 -> the AMX layout (flat [N * K])
+  // y = x W^T (+ bias) through the packed weight
+  m.def("gemm(Tensor x, Tensor packed, Tensor weight, Tensor? bias) -> Tensor", &gemm);
 }

@@ -31,7 +31,7 @@
 // (-O3 -march=native -fopenmp -ffast-math); `portable` forces those (the tests run both).
 
 #include <ATen/ATen.h>
-#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (slower to build)
+#include <torch/library.h>  // the dispatcher (not pybind11: torch/python.h doubled the build)
 
 #include <ATen/Parallel.h>
 
@@ -361,11 +361,13 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k, at::Tensor v,
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode,
-        "write the step's K/V rows, then paged decode attention in place over the cache",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kv_cache"), py::arg("slots"),
-        py::arg("block_table"), py::arg("seq_lens"), py::arg("num_reqs"), py::arg("num_tokens"),
-        py::arg("scale"), py::arg("portable") = false, py::arg("window") = 0,
-        py::arg("sinks") = py::none(), py::arg("softcap") = 0.0);
+// this build's own op namespace (its module name, hash included: two builds never collide); the
+// extra macro level expands TORCH_EXTENSION_NAME before TORCH_LIBRARY pastes it
+#define LAB_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+
+LAB_LIBRARY(TORCH_EXTENSION_NAME, m) {
+  // write the step's K/V rows into the cache, then paged decode attention over it
+  m.def("paged_decode(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache, Tensor slots, "
+        "Tensor block_table, Tensor seq_lens, int num_reqs, int num_tokens, float scale, "
+        "bool portable, int window, Tensor? sinks, float softcap) -> Tensor", &paged_decode);
 }

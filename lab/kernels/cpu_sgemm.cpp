@@ -36,13 +36,11 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/python.h>  // pybind11 + Tensor casters; not torch/extension.h (slower to build)
-#include <torch/library.h>
+#include <torch/library.h>  // the dispatcher (not pybind11: torch/python.h doubled the build)
 
 #include <algorithm>
 #include <cstring>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -351,10 +349,10 @@ at::Tensor pack_layout(at::Tensor weight, int64_t parts, int64_t kc, bool balanc
 // whether this build has the ordered kernel (AVX-512)
 bool has_ordered() { return HAVE_ORDERED; }
 
-// the layouts pack() tries for a K, in order, as (parts, kc, balanced)
-std::vector<std::tuple<int64_t, int64_t, bool>> candidate_layouts(int64_t k) {
-  std::vector<std::tuple<int64_t, int64_t, bool>> out;
-  for (const Layout& l : candidates(k)) out.emplace_back(l.parts, l.kc, l.balanced);
+// the layouts pack() tries for a K, in order, flat: parts, kc, balanced (0/1) of each
+std::vector<int64_t> candidate_layouts(int64_t k) {
+  std::vector<int64_t> out;
+  for (const Layout& l : candidates(k)) out.insert(out.end(), {l.parts, l.kc, l.balanced});
   return out;
 }
 
@@ -367,11 +365,12 @@ std::string describe(at::Tensor packed) {
          (h.balanced ? " (balanced)" : "");
 }
 
-// a layout's block bounds per part (the kernel's, for the PyTorch emulation of its order)
-std::vector<std::vector<int64_t>> layout_blocks(int64_t k, int64_t parts, int64_t kc,
-                                                bool balanced) {
+// the block bounds of one part of a layout (the kernel's, for the PyTorch emulation of its order)
+std::vector<int64_t> layout_blocks(int64_t k, int64_t parts, int64_t kc, bool balanced,
+                                   int64_t part) {
   check_layout(k, parts, kc);
-  return layout_bounds(k, Layout{static_cast<int>(parts), static_cast<int>(kc), balanced});
+  TORCH_CHECK(part >= 0 && part < parts, "part must be in [0, parts)");
+  return layout_bounds(k, Layout{static_cast<int>(parts), static_cast<int>(kc), balanced})[part];
 }
 
 // y = x W^T (+ bias): x [M, K] fp32, packed = pack(W), W the dense weight (from MAX_M rows on)
@@ -415,14 +414,21 @@ TORCH_LIBRARY_FRAGMENT(lab_cpu, m) {
 
 TORCH_LIBRARY_IMPL(lab_cpu, CPU, m) { m.impl("gemm_fp32", &gemm); }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("pack", &pack, "W [N, K] fp32 -> the packed weight (ordered where it gives F.linear's "
-                       "bits here, else MKL's)");
-  m.def("pack_layout", &pack_layout, "W [N, K] fp32 -> the ordered kernel's weight in a layout");
-  m.def("pack_mkl", &pack_mkl, "W [N, K] fp32 -> MKL's packed weight");
-  m.def("describe", &describe, "what a packed weight runs: 'mkl' or the ordered layout");
-  m.def("has_ordered", &has_ordered, "whether this build has the ordered kernel (AVX-512)");
-  m.def("candidate_layouts", &candidate_layouts, "the layouts pack() tries for a K, in order");
-  m.def("layout_blocks", &layout_blocks, "a layout's block bounds per part");
-  m.def("gemm", &gemm, "y = x W^T (+ bias) through the packed weight");
+// this build's own op namespace (its module name, hash included: two builds never collide); the
+// extra macro level expands TORCH_EXTENSION_NAME before TORCH_LIBRARY pastes it
+#define LAB_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+
+LAB_LIBRARY(TORCH_EXTENSION_NAME, m) {
+  // W [N, K] fp32 -> the packed weight (ordered where it gives F.linear's bits here, else MKL's)
+  m.def("pack(Tensor weight) -> Tensor", &pack);
+  // W [N, K] fp32 -> the ordered kernel's weight in a layout
+  m.def("pack_layout(Tensor weight, int parts, int kc, bool balanced) -> Tensor", &pack_layout);
+  m.def("pack_mkl(Tensor weight) -> Tensor", &pack_mkl);  // W [N, K] fp32 -> MKL's packed weight
+  m.def("describe(Tensor packed) -> str", &describe);  // 'mkl' or the ordered layout it runs
+  m.def("has_ordered() -> bool", &has_ordered);  // this build has the ordered kernel (AVX-512)
+  m.def("candidate_layouts(int k) -> int[]", &candidate_layouts);  // what pack() tries, in order
+  m.def("layout_blocks(int k, int parts, int kc, bool balanced, int part) -> int[]",
+        &layout_blocks);
+  // y = x W^T (+ bias) through the packed weight
+  m.def("gemm(Tensor x, Tensor packed, Tensor weight, Tensor? bias) -> Tensor", &gemm);
 }

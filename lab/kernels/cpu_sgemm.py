@@ -111,7 +111,8 @@ def has_ordered() -> bool:
 
 def candidate_layouts(k: int) -> list[tuple[int, int, bool]]:
     """The (parts, kc, balanced) layouts pack() tries for a K, in the order it tries them."""
-    return EXTENSION.loaded().candidate_layouts(k)
+    flat = EXTENSION.loaded().candidate_layouts(k)  # parts, kc, balanced of each, in a row
+    return [(flat[i], flat[i + 1], bool(flat[i + 2])) for i in range(0, len(flat), 3)]
 
 
 def describe(packed: torch.Tensor) -> str:
@@ -133,7 +134,8 @@ def emulate_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     f32, f64 = torch.float32, torch.float64
     xd, wd = x.to(f64), weight.to(f64)
     total = None
-    for bounds in EXTENSION.loaded().layout_blocks(weight.shape[1], parts, kc, balanced):
+    for part in range(parts):
+        bounds = EXTENSION.loaded().layout_blocks(weight.shape[1], parts, kc, balanced, part)
         chain = None if total is not None or bias is None else bias.to(f32).expand(
             x.shape[0], -1)
         for lo, hi in zip(bounds[:-1], bounds[1:]):
