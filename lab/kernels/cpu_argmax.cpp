@@ -7,7 +7,10 @@
 // keep their best value and its index (a compare and two blends per 16 logits), then the lanes
 // are reduced, one task per row. Measured: experiments/results/2026-12-05-cpu-kernels-option.md.
 
-#include <ATen/ATen.h>
+// ATen's core and the ops used, not ATen/ATen.h (every op's header: a slower build)
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>  // the dispatcher (not pybind11: torch/python.h doubled the build)
 
 #include <ATen/Parallel.h>

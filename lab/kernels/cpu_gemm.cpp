@@ -24,7 +24,11 @@
 // kernel's permission for tile data (arch_prctl, asked once); elsewhere amx_ready() is false
 // and the Python side never packs.
 
-#include <ATen/ATen.h>
+// ATen's core and the ops used, not ATen/ATen.h (every op's header: a slower build)
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
 #include <torch/library.h>  // the dispatcher (not pybind11: torch/python.h doubled the build)
 
 #include <ATen/Parallel.h>

@@ -30,7 +30,11 @@
 // whose `omp simd` reductions and exp vectorize under the flags cpu_paged_decode.py builds with
 // (-O3 -march=native -fopenmp -ffast-math); `portable` forces those (the tests run both).
 
-#include <ATen/ATen.h>
+// ATen's core and the ops used, not ATen/ATen.h (every op's header: a slower build)
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>  // the dispatcher (not pybind11: torch/python.h doubled the build)
 
 #include <ATen/Parallel.h>

@@ -34,7 +34,14 @@
 //
 // Built without -ffast-math (cpu_sgemm.py): the order of the adds is the point.
 
-#include <ATen/ATen.h>
+// ATen's core and the ops used, not ATen/ATen.h (every op's header: a slower build)
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>  // the dispatcher (not pybind11: torch/python.h doubled the build)
 
