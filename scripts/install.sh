@@ -21,6 +21,9 @@ fi
 spec="."
 [ -n "$extras" ] && spec=".[$extras]"
 "$PY" -m pip install --quiet -e "$spec"
+# pip byte-compiles a regular install, not an editable one: compile lab's modules once here, so
+# no process compiles them at import (each would, where PYTHONDONTWRITEBYTECODE is set)
+"$PY" -m compileall -q lab >/dev/null
 "$PY" -c "import torch, triton, transformers, hydra; print(f'[install] torch {torch.__version__}, triton {triton.__version__}, transformers {transformers.__version__}, hydra {hydra.__version__}')"
 if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "[install] CUDA: C++ CPU kernels not prebuilt (a CPU run builds them when it starts)"
