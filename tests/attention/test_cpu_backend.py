@@ -112,6 +112,7 @@ def test_without_the_kernel_it_warns_once_and_runs_the_torch_path(monkeypatch, c
 @pytest.mark.parametrize("padded", [False, True])
 def test_an_engine_with_it_generates_the_torch_backends_tokens(has_kernel, padded):
     knobs = {"cudagraph_capture_sizes": [4, 8]} if padded else {}  # 3 requests padded to 4
+    knobs["cpu_kv_cache_requests"] = 4
     prompts = [[3, 4, 5, 6, 7], list(range(10, 40)), [8]]
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     ids = {}
@@ -142,7 +143,7 @@ def test_an_mla_model_runs_the_torch_path_with_it():
     prompts = [[3, 4, 5, 6, 7], [8, 9]]
     sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     ids = {attention: [o.outputs[0].token_ids for o in LLM(
-        "tiny_deepseek", attention=attention).generate(prompts, sp)]
+        "tiny_deepseek", attention=attention, cpu_kv_cache_requests=2).generate(prompts, sp)]
         for attention in ("torch", "cpu")}
     assert ids["cpu"] == ids["torch"]
 

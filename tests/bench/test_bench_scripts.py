@@ -57,7 +57,9 @@ def test_e2e_bench_compares_configurations(capsys, monkeypatch):
 
     monkeypatch.setattr(workload, "LLM", SpyLLM)
     monkeypatch.setattr(workload, "time", FakeClock(2.0, 0.5))
-    runs = ["attention=torch", "attention=torch,quant=int8"]
+    # a cache of 0.01 GiB: the bench's own 4 GiB would be touched at start (1 GiB of it)
+    runs = ["attention=torch,cpu_kv_cache_gb=0.01",
+            "attention=torch,quant=int8,cpu_kv_cache_gb=0.01"]
     e2e.main(["--model", "tiny_llama", "--num-seqs", "2", "--min-len", "4", "--max-len", "8",
               "--max-num-batched-tokens", "64", "--runs", *runs])
     lines = capsys.readouterr().out.strip().splitlines()

@@ -18,7 +18,7 @@ from lab import LLM, SamplingParams
 from lab.compile import CompileOptions, compile_model
 from lab.models.tiny import ensure_tiny_model
 
-BASE = dict(dtype="float32", device="cpu", block_size=8)
+BASE = dict(dtype="float32", device="cpu", block_size=8, cpu_kv_cache_requests=4)
 # all admitted in one step (prefill, T = 38), then decode batches of 4, 3, 2 and 1 request
 PROMPT_LENS = (5, 12, 1, 20)
 MAX_TOKENS = (3, 5, 7, 9)

@@ -27,7 +27,9 @@ from lab.models.registry import arch_spec
 from lab.models.tiny import ensure_tiny_model
 
 MAX_TOKENS = 24
-BASE = dict(dtype="float32", device="cpu", block_size=8)
+# cpu_kv_cache_requests: a cache of a few requests' contexts, not max_num_seqs' (each engine
+# would touch its first 1 GiB at start: up to 3 CPU-seconds for a tiny model on a fresh VM)
+BASE = dict(dtype="float32", device="cpu", block_size=8, cpu_kv_cache_requests=4)
 MODES = {
     "default": dict(),
     "chunked": dict(max_num_batched_tokens=16),

@@ -36,7 +36,7 @@ BLOCK = 4
 def generate(model: str, **knobs) -> tuple[list[list[int]], list, LLM]:
     """Greedy outputs of PROMPTS, the run's StepStats, the engine."""
     mem = InMemoryLogger()
-    llm = LLM(model=model, stat_loggers=[mem], **knobs)
+    llm = LLM(model=model, stat_loggers=[mem], **{"cpu_kv_cache_requests": 4, **knobs})
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)], mem.steps, llm
 
 

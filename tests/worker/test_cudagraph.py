@@ -85,7 +85,7 @@ PARAMS = [SamplingParams(temperature=0, max_tokens=n) for n in (9, 3, 6, 12)] + 
 def generate(**knobs):
     """Token ids, and (token, rank, logprob) of every sampled and prompt logprob."""
     llm = LLM("tiny_llama", dtype="float32", device="cpu", max_num_batched_tokens=16,
-              block_size=4, **knobs)
+              block_size=4, cpu_kv_cache_requests=4, **knobs)
     try:
         outs = llm.generate(PROMPTS, PARAMS)
     finally:
@@ -172,7 +172,8 @@ def test_triton_metadata_is_replay_safe(monkeypatch, attention, model):
     hybrid = model == "tiny_gpt_oss"
     prompts = [PROMPTS[2] if hybrid else PROMPTS[0], PROMPTS[1], PROMPTS[3]]
     params = SamplingParams(temperature=0, max_tokens=12 if hybrid else 5)
-    knobs = dict(dtype="float32", device="cpu", block_size=4, max_model_len=24)
+    knobs = dict(dtype="float32", device="cpu", block_size=4, max_model_len=24,
+                 cpu_kv_cache_requests=4)
     ref = LLM(model, attention="torch", enforce_eager=True, **knobs)
     want = [o.outputs[0].token_ids for o in ref.generate(prompts, params)]
     ref.engine.shutdown()
