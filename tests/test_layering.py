@@ -153,3 +153,26 @@ def test_a_serve_frontend_imports_no_worker_model_or_kernel_code():
     out = subprocess.run([sys.executable, "-c", FRONTEND], capture_output=True, text=True,
                          timeout=300, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+PRELOAD_PROBES = """
+import importlib
+import torch
+calls = []
+for name in ("is_available", "device_count", "init"):
+    real = getattr(torch.cuda, name)
+    setattr(torch.cuda, name, lambda *a, _n=name, _f=real, **k: calls.append(_n) or _f(*a, **k))
+from lab.distributed.launch import PRELOAD
+for module in PRELOAD:
+    importlib.import_module(module)
+print(calls, torch.cuda.is_initialized())
+"""
+
+
+def test_the_fork_servers_preload_touches_no_cuda():
+    """Engine-core processes and ranks are forks of a fork server that imports PRELOAD: an
+    import that asked for CUDA there (a device count initializes the driver) would leave every
+    fork unable to use it, as a CUDA parent's fork is."""
+    out = subprocess.run([sys.executable, "-c", PRELOAD_PROBES], capture_output=True, text=True,
+                         timeout=300, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[] False"
