@@ -28,7 +28,7 @@ C++ (`lab/kernels/cpu_*.cpp`), each beside its PyTorch reference like every Trit
   binary made for other instructions. The library registers its functions as dispatcher ops
   under that name (`load()` returns `torch.ops.<name>`; two builds never collide): a plain
   shared library, with no pybind11 module, whose headers took half of each build (4 kernels:
-  84 -> 33 CPU-seconds on the 2-core machine of the measurements, with ATen's core headers
+  84 -> 35 CPU-seconds on the 2-core machine of the measurements, with ATen's core headers
   and each op's own instead of ATen/ATen.h).
 - failure: no compiler, no ninja, no libmvec, a lock held too long... raise
   `CPUKernelUnavailable`; the option that asked decides (fail, or its PyTorch reference).
