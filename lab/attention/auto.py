@@ -42,6 +42,17 @@ def choose_backend(device: torch.device, mla: bool) -> str:
     return mla_backend if mla else flash
 
 
+def chooses(*classes: str):
+    """Mark the function of a partial attention option (attention=auto's, or a plug-in's that
+    chooses the same way) with the import paths of the backend classes it may build
+    (`backend_choices`): config checks ask each of them (`backend_classes`)."""
+    def mark(fn):
+        fn.backend_choices = classes
+        return fn
+    return mark
+
+
+@chooses(*CHOICES)
 def auto_backend(*, device: torch.device, mla: bool) -> AttentionBackend:
     """attention=auto's backend on `device` for a model with (or without) MLA layers."""
     return get_object(choose_backend(device, mla))()
@@ -65,8 +76,7 @@ def has_mla(hf_config) -> bool:
 
 
 def backend_classes(target: str) -> list[type[AttentionBackend]]:
-    """The backend classes an attention option's `_target_` may build: itself, or for
-    attention=auto every class it may choose (config checks ask each)."""
-    if target == f"{__name__}.{auto_backend.__name__}":
-        return [get_object(c) for c in CHOICES]
-    return [get_object(target)]
+    """The backend classes an attention option's `_target_` may build: itself, or every class
+    a chooser marked with `chooses` may build (config checks ask each)."""
+    obj = get_object(target)
+    return [get_object(c) for c in getattr(obj, "backend_choices", ())] or [obj]
