@@ -14,6 +14,7 @@ from lab.attention.cpu_backend import CPUAttentionBackend
 from lab.attention.torch_backend import TorchAttentionBackend
 from lab.kernels import cpu_paged_decode as kernel
 from tests.attention.paged_steps import paged_step, run_features, sink_logits
+from tests.kv import SMALL_KV
 
 D = 8
 
@@ -112,7 +113,7 @@ def test_without_the_kernel_it_warns_once_and_runs_the_torch_path(monkeypatch, c
 @pytest.mark.parametrize("padded", [False, True])
 def test_an_engine_with_it_generates_the_torch_backends_tokens(has_kernel, padded):
     knobs = {"cudagraph_capture_sizes": [4, 8]} if padded else {}  # 3 requests padded to 4
-    knobs["cpu_kv_cache_requests"] = 4
+    knobs |= SMALL_KV
     prompts = [[3, 4, 5, 6, 7], list(range(10, 40)), [8]]
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     ids = {}
@@ -143,7 +144,7 @@ def test_an_mla_model_runs_the_torch_path_with_it():
     prompts = [[3, 4, 5, 6, 7], [8, 9]]
     sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     ids = {attention: [o.outputs[0].token_ids for o in LLM(
-        "tiny_deepseek", attention=attention, cpu_kv_cache_requests=2).generate(prompts, sp)]
+        "tiny_deepseek", attention=attention, **SMALL_KV).generate(prompts, sp)]
         for attention in ("torch", "cpu")}
     assert ids["cpu"] == ids["torch"]
 

@@ -17,8 +17,9 @@ from transformers import AutoModelForCausalLM
 from lab import LLM, SamplingParams
 from lab.compile import CompileOptions, compile_model
 from lab.models.tiny import ensure_tiny_model
+from tests.kv import SMALL_KV
 
-BASE = dict(dtype="float32", device="cpu", block_size=8, cpu_kv_cache_requests=4)
+BASE = dict(dtype="float32", device="cpu", block_size=8, **SMALL_KV)
 # all admitted in one step (prefill, T = 38), then decode batches of 4, 3, 2 and 1 request
 PROMPT_LENS = (5, 12, 1, 20)
 MAX_TOKENS = (3, 5, 7, 9)

@@ -25,11 +25,10 @@ from lab.config.knobs import EngineKnobs
 from lab.core.stats import StepStats
 from lab.models.registry import arch_spec
 from lab.models.tiny import ensure_tiny_model
+from tests.kv import SMALL_KV
 
 MAX_TOKENS = 24
-# cpu_kv_cache_requests: a cache of a few requests' contexts, not max_num_seqs' (each engine
-# would touch its first 1 GiB at start: up to 3 CPU-seconds for a tiny model on a fresh VM)
-BASE = dict(dtype="float32", device="cpu", block_size=8, cpu_kv_cache_requests=4)
+BASE = dict(dtype="float32", device="cpu", block_size=8, **SMALL_KV)
 MODES = {
     "default": dict(),
     "chunked": dict(max_num_batched_tokens=16),

@@ -26,6 +26,7 @@ from lab.models.tiny_eagle import ensure_tiny_eagle
 from lab.speculative.draft import DraftModelProposer
 from lab.speculative.eagle import EagleProposer, resolve_head_path
 from lab.speculative.mtp import MTPProposer, check_mtp_checkpoint
+from tests.kv import SMALL_KV
 from tests.models.prefill import scattered_table, sequence_inputs
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [3, 4, 5], list(range(20, 45))]
@@ -36,7 +37,7 @@ BLOCK = 4
 def generate(model: str, **knobs) -> tuple[list[list[int]], list, LLM]:
     """Greedy outputs of PROMPTS, the run's StepStats, the engine."""
     mem = InMemoryLogger()
-    llm = LLM(model=model, stat_loggers=[mem], **{"cpu_kv_cache_requests": 4, **knobs})
+    llm = LLM(model=model, stat_loggers=[mem], **SMALL_KV | knobs)
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)], mem.steps, llm
 
 

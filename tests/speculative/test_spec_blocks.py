@@ -11,10 +11,8 @@ import pytest
 from lab.core.sampling_params import SamplingParams
 from lab.engine.llm import LLM
 from lab.metrics import InMemoryLogger
+from tests.kv import SMALL_KV
 from tests.speculative.replay import ReplayProposer, write_replay_option
-
-# a cache of a few requests' contexts (max_num_seqs' would be touched at start: seconds)
-KV = dict(cpu_kv_cache_requests=4)
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [3, 4, 5], list(range(20, 45))]
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -22,7 +20,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def reference() -> list[list[int]]:
-    llm = LLM(model="tiny_llama", **KV)
+    llm = LLM(model="tiny_llama", **SMALL_KV)
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
 
 
@@ -30,7 +28,7 @@ def run_replay(tmp_path, reference, proposer: str, wrong_every: int, **knobs):
     sequences = [p + r for p, r in zip(PROMPTS, reference)]
     config = write_replay_option(tmp_path, sequences, 3, wrong_every, proposer)
     mem = InMemoryLogger()
-    llm = LLM(model="tiny_llama", **KV, speculative="replay", config_path=[config],
+    llm = LLM(model="tiny_llama", **SMALL_KV, speculative="replay", config_path=[config],
               stat_loggers=[mem], **knobs)
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)], mem.steps
 

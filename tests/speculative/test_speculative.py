@@ -22,10 +22,8 @@ from lab.metrics.console import spec_summary_text
 from lab.metrics.prometheus import PrometheusLogger
 from lab.metrics.stats import summarize
 from lab.speculative.ngram import lookup
+from tests.kv import SMALL_KV
 from tests.speculative.replay import write_replay_option
-
-# a cache of a few requests' contexts (max_num_seqs' would be touched at start: seconds)
-KV = dict(cpu_kv_cache_requests=4)
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7], [11, 12, 13, 14] * 4,
            list(range(20, 40))]
@@ -38,7 +36,7 @@ def generate(llm: LLM, params: SamplingParams = GREEDY, prompts=PROMPTS) -> list
 
 @pytest.fixture(scope="module")
 def reference() -> list[list[int]]:
-    return generate(LLM("tiny_llama", **KV))
+    return generate(LLM("tiny_llama", **SMALL_KV))
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +49,7 @@ def replay_llm(replay_dir, k: int, **knobs) -> tuple[LLM, InMemoryLogger]:
     path, sequences = replay_dir
     write_replay_option(path / f"k{k}", sequences, k)
     memory = InMemoryLogger()
-    return LLM("tiny_llama", **KV, stat_loggers=[memory], config_path=[path / f"k{k}"],
+    return LLM("tiny_llama", **SMALL_KV, stat_loggers=[memory], config_path=[path / f"k{k}"],
                speculative="replay", **knobs), memory
 
 
@@ -138,9 +136,9 @@ def test_core_process_client(replay_dir, reference):
 
 
 def test_ngram_on_another_family():
-    plain = generate(LLM("tiny_qwen3", **KV))
+    plain = generate(LLM("tiny_qwen3", **SMALL_KV))
     memory = InMemoryLogger()
-    spec = LLM("tiny_qwen3", **KV, speculative="ngram", stat_loggers=[memory],
+    spec = LLM("tiny_qwen3", **SMALL_KV, speculative="ngram", stat_loggers=[memory],
                **{"speculative.num_speculative_tokens": 3})
     outputs = generate(spec)
     assert outputs == plain
@@ -149,7 +147,7 @@ def test_ngram_on_another_family():
 
 def test_logprobs_are_those_of_the_emitted_tokens(replay_dir, reference):
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
-    plain = LLM("tiny_llama", **KV).generate(PROMPTS, params)
+    plain = LLM("tiny_llama", **SMALL_KV).generate(PROMPTS, params)
     llm, _ = replay_llm(replay_dir, 3)
     spec = llm.generate(PROMPTS, params)
     for a, b in zip(plain, spec):
@@ -166,7 +164,7 @@ def test_requests_a_processor_acts_on_get_no_drafts(replay_dir, reference):
     gets what the non-speculative engine gives it), the others speculate."""
     penalised = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True,
                                repetition_penalty=1.3)
-    plain = LLM("tiny_llama", **KV).generate(PROMPTS[:1], penalised)[0].outputs[0].token_ids
+    plain = LLM("tiny_llama", **SMALL_KV).generate(PROMPTS[:1], penalised)[0].outputs[0].token_ids
     llm, memory = replay_llm(replay_dir, 3)
     outs = llm.generate(PROMPTS, [penalised, GREEDY, GREEDY])
     assert outs[0].outputs[0].token_ids == plain
@@ -186,9 +184,9 @@ def test_seeded_sampling_is_reproducible(replay_dir):
 
 def test_bad_options_name_the_field():
     with pytest.raises(Exception, match="num_speculative_tokens"):
-        LLM("tiny_llama", **KV, speculative="ngram", **{"speculative.num_speculative_tokens": 0})
+        LLM("tiny_llama", **SMALL_KV, speculative="ngram", **{"speculative.num_speculative_tokens": 0})
     with pytest.raises(Exception, match="prompt_lookup_min"):
-        LLM("tiny_llama", **KV, speculative="ngram", **{"speculative.prompt_lookup_min": 5})
+        LLM("tiny_llama", **SMALL_KV, speculative="ngram", **{"speculative.prompt_lookup_min": 5})
 
 
 def chi_square_two_samples(a: list, b: list, min_count: int = 10) -> tuple[float, float]:
@@ -221,12 +219,12 @@ def test_sampled_tokens_follow_the_target(tmp_path):
                                  ignore_eos=True) for i in range(n)]
         return [tuple(o.outputs[0].token_ids) for o in llm.generate([prompt] * n, params)]
 
-    plain = LLM("tiny_llama", **KV, max_num_seqs=256)
+    plain = LLM("tiny_llama", **SMALL_KV, max_num_seqs=256)
     greedy = plain.generate([prompt], GREEDY)[0].outputs[0].token_ids
     a = run(plain, 0)
     write_replay_option(tmp_path, [prompt + greedy], 2, wrong_every=10**6)
     memory = InMemoryLogger()
-    b = run(LLM("tiny_llama", **KV, max_num_seqs=256, speculative="replay", config_path=[tmp_path],
+    b = run(LLM("tiny_llama", **SMALL_KV, max_num_seqs=256, speculative="replay", config_path=[tmp_path],
                 stat_loggers=[memory]), 10**6)
     accepted = sum(s.num_accepted_tokens for s in memory.steps)
     assert 0 < accepted < sum(s.num_draft_tokens for s in memory.steps)
@@ -243,7 +241,7 @@ def test_statistics_reach_the_summary_console_and_prometheus(replay_dir):
     path, sequences = replay_dir
     write_replay_option(path / "k2", sequences, 2)
     memory = InMemoryLogger()
-    llm = LLM("tiny_llama", **KV, stat_loggers=[memory, prom], config_path=[path / "k2"],
+    llm = LLM("tiny_llama", **SMALL_KV, stat_loggers=[memory, prom], config_path=[path / "k2"],
               speculative="replay")
     generate(llm)
     steps = memory.steps
@@ -271,9 +269,9 @@ def test_statistics_reach_the_summary_console_and_prometheus(replay_dir):
 ])
 def test_backends_verify_several_tokens_per_request(tmp_path, model, attention):
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    plain = generate(LLM(model, **KV, attention=attention), params, PROMPTS[:2])
+    plain = generate(LLM(model, **SMALL_KV, attention=attention), params, PROMPTS[:2])
     write_replay_option(tmp_path, [p + out for p, out in zip(PROMPTS, plain)], 3)
-    llm = LLM(model, **KV, attention=attention, speculative="replay", config_path=[tmp_path])
+    llm = LLM(model, **SMALL_KV, attention=attention, speculative="replay", config_path=[tmp_path])
     assert generate(llm, params, PROMPTS[:2]) == plain
 
 

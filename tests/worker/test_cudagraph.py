@@ -19,6 +19,7 @@ from lab.engine.builder import worker_config
 from lab.worker import model_runner
 from lab.worker.cudagraph import PaddedDecode, default_capture_sizes, resolve_capture_sizes
 from lab.worker.worker import Worker
+from tests.kv import SMALL_KV
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -85,7 +86,7 @@ PARAMS = [SamplingParams(temperature=0, max_tokens=n) for n in (9, 3, 6, 12)] + 
 def generate(**knobs):
     """Token ids, and (token, rank, logprob) of every sampled and prompt logprob."""
     llm = LLM("tiny_llama", dtype="float32", device="cpu", max_num_batched_tokens=16,
-              block_size=4, cpu_kv_cache_requests=4, **knobs)
+              block_size=4, **SMALL_KV, **knobs)
     try:
         outs = llm.generate(PROMPTS, PARAMS)
     finally:
@@ -173,7 +174,7 @@ def test_triton_metadata_is_replay_safe(monkeypatch, attention, model):
     prompts = [PROMPTS[2] if hybrid else PROMPTS[0], PROMPTS[1], PROMPTS[3]]
     params = SamplingParams(temperature=0, max_tokens=12 if hybrid else 5)
     knobs = dict(dtype="float32", device="cpu", block_size=4, max_model_len=24,
-                 cpu_kv_cache_requests=4)
+                 **SMALL_KV)
     ref = LLM(model, attention="torch", enforce_eager=True, **knobs)
     want = [o.outputs[0].token_ids for o in ref.generate(prompts, params)]
     ref.engine.shutdown()

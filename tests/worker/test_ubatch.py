@@ -38,6 +38,7 @@ from lab.worker.ubatch import (
     ubatch_slices,
 )
 from lab.worker.ubatch_overlap import DualBatchOverlap, TakeTurns
+from tests.kv import SMALL_KV
 from tests.waits import WAIT_S
 
 BS = 4
@@ -285,7 +286,7 @@ def test_engine_with_micro_batches_gives_the_single_batch_ids(monkeypatch):
 
     prompts = [[5 + i, 9, 13, 7 * i % 50 + 3, 21, 4][: 3 + i % 4] * (1 + i % 3) for i in range(5)]
     sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    kw = dict(max_num_batched_tokens=16, enable_prefix_caching=False, cpu_kv_cache_requests=5)
+    kw = dict(max_num_batched_tokens=16, enable_prefix_caching=False, **SMALL_KV)
     ref = [o.outputs[0].token_ids for o in LLM("tiny_llama", **kw).generate(prompts, sp)]
     splits = []
     split_batch = ub.split_batch
