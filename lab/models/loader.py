@@ -51,7 +51,7 @@ def default_dtype(dtype: torch.dtype):
 def load_model(
     path: str | Path, attn_backend: AttentionBackend, dtype: torch.dtype,
     device: str | torch.device, ops: LayerOps | None = None, quant: QuantConfig | None = None,
-    tp: GroupCoordinator | None = None, expert_parallel: bool = False,
+    tp: GroupCoordinator | None = None, expert_parallel: bool = False, hf_config=None,
 ) -> tuple[CausalLM, object]:
     """Build the model for the checkpoint at `path` on `device` in `dtype` and load its weights
     strictly (ValueError naming every missing, unexpected or mis-shaped tensor). `ops` (the
@@ -61,10 +61,12 @@ def load_model(
 
     `tp` (the TP group; None: one rank): every rank of the group calls this with the same
     arguments and keeps its part of each layer (lab/layers/linear.py); `expert_parallel` puts
-    whole MoE experts on each rank instead of splitting every expert (see CausalLM)."""
-    from transformers import AutoConfig
+    whole MoE experts on each rank instead of splitting every expert (see CausalLM).
+    `hf_config`: the checkpoint's config when the caller has read it already (None: read here)."""
+    if hf_config is None:
+        from transformers import AutoConfig
 
-    hf_config = AutoConfig.from_pretrained(path)
+        hf_config = AutoConfig.from_pretrained(path)
     spec = arch_spec(hf_config)
     tp_size = tp.world_size if tp is not None else 1
     for layer_spec in set(spec.layer_attention_specs(hf_config, tp_size)):

@@ -154,7 +154,8 @@ class Worker:
         self._set_up_kernels(ops)
         self.model, self.hf_config = load_model(
             model_path, self.attn_backend, self.dtype, self.device, ops, self.quant,
-            tp=self.state.tp, expert_parallel=self.config.knobs.expert_parallel)
+            tp=self.state.tp, expert_parallel=self.config.knobs.expert_parallel,
+            hf_config=hf_config)
         self.weight_bytes = weight_bytes(self.model)
         log.info("model weights: %.2f MiB (quant=%s)", self.weight_bytes / 2**20,
                  getattr(self.quant, "name", "none"))
