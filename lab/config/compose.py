@@ -8,7 +8,9 @@ Every composition calls it first, so run.py and `LLM(...)` see the same knobs an
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lab.config.knob import defaults_of
-from lab.config.plugins import LAB_CONF, declared_knobs, knob_blocks, search_path
+from lab.config.plugins import LAB_CONF, config_dirs, declared_knobs, knob_blocks, search_path
 
 CONF_DIR = LAB_CONF
 # config group -> the base class its options build (config group = package = base class); a
@@ -79,13 +81,35 @@ def compose_config(overrides: list[str] | None = None,
 def compose_with_choices(overrides: list[str] | None = None,
                          config_path: Sequence[str | Path] = ()) -> tuple[DictConfig, dict[str, str]]:
     """compose_config, plus the option chosen in every group (as hydra_choices gives inside a
-    Hydra job), for a run directory's config.yaml outside one (lab serve)."""
-    register()
+    Hydra job), for a run directory's config.yaml outside one (lab serve).
+
+    A composition is remembered for the process, keyed by everything it reads (`config_inputs`):
+    the same overrides again while no option file changed cost a copy (~3 ms) instead of
+    Hydra's ~0.1 s, which every `LLM(...)` of a sweep or a notebook would pay again. Each call
+    gets its own copy to change."""
     overrides = list(overrides or [])
     if config_path:
         overrides.append(f"hydra.searchpath=[{','.join(search_path(config_path))}]")
+    cfg, choices = _compose_once(tuple(overrides), config_inputs(config_path))
+    return copy.deepcopy(cfg), dict(choices)
+
+
+def config_inputs(config_path: Sequence[str | Path] = ()) -> tuple:
+    """What a composition reads besides its overrides: the knobs' declarations, the search
+    path, and the name and text of every option file on it (so an edited, added or removed
+    YAML file is read again; ~1 ms for lab's own)."""
+    files = tuple((str(p), p.read_bytes())
+                  for d in config_dirs(config_path) for p in sorted(d.rglob("*.yaml")))
+    knob_classes = tuple(c for classes in knob_blocks().values() for c in classes)
+    return knob_classes, tuple(search_path(config_path)), files
+
+
+@lru_cache(maxsize=64)
+def _compose_once(overrides: tuple[str, ...], inputs: tuple) -> tuple[DictConfig, dict[str, str]]:
+    """Hydra's composition of lab/conf/config.yaml (`inputs` only keys the cache)."""
+    register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
     choices = group_choices(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]

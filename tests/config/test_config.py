@@ -1,5 +1,6 @@
 """Every option of every config group composes and instantiates; bad options list the choices."""
 
+import os
 import subprocess
 import sys
 
@@ -9,7 +10,14 @@ from hydra.errors import ConfigCompositionException, InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
-from lab.config.compose import CONF_DIR, GROUP_BASES, GROUPS, compose_config, set_knobs
+from lab.config.compose import (
+    CONF_DIR,
+    GROUP_BASES,
+    GROUPS,
+    _compose_once,
+    compose_config,
+    set_knobs,
+)
 from lab.config.validate import validate_knobs
 from lab.logits_processors.base import LogitsProcessor, LogitsProcessorContext
 from lab.metrics.base import StatLogger
@@ -137,3 +145,25 @@ def test_llm_takes_a_config_path_of_options_and_presets(tmp_path):
     assert len(out[0].outputs[0].token_ids) == 3
     with pytest.raises(ValueError, match="neither a preset .*tiny_llama"):
         LLM("my_tiny", executor="sim")  # without the directory: not a preset
+
+
+def test_a_composition_is_remembered_but_each_caller_gets_its_own_copy_and_edits_are_read(
+        tmp_path, monkeypatch):
+    """compose_config remembers a composition for the process (Hydra's ~0.1 s once per set of
+    overrides), yet a caller's change to its config never reaches the next caller, and an edited
+    option file is composed again, even when its size and modification time are unchanged."""
+    (tmp_path / "scheduler").mkdir()
+    option = tmp_path / "scheduler" / "mine.yaml"
+    option.write_text("_target_: lab.scheduler.queues.FCFSQueue\nweight: 1\n")
+    stamp = option.stat().st_mtime_ns
+    monkeypatch.setenv("LAB_CONFIG_PATH", str(tmp_path))
+    first = compose_config(["scheduler=mine"])
+    first.scheduler.weight = 5
+    first.max_num_seqs = 3
+    hits = _compose_once.cache_info().hits
+    second = compose_config(["scheduler=mine"])
+    assert _compose_once.cache_info().hits == hits + 1  # remembered, not composed again
+    assert second.scheduler.weight == 1 and second.max_num_seqs != 3
+    option.write_text("_target_: lab.scheduler.queues.FCFSQueue\nweight: 2\n")  # same size
+    os.utime(option, ns=(stamp, stamp))
+    assert compose_config(["scheduler=mine"]).scheduler.weight == 2
