@@ -137,7 +137,7 @@ import sys
 from lab.cli import serve_config_and_choices
 from lab.engine.async_llm import AsyncLLM
 from lab.serve.api_server import build_app
-cfg, _ = serve_config_and_choices(["model=tiny_llama"])
+cfg, _ = serve_config_and_choices(["model=tiny_llama", "cpu_kv_cache_requests=4"])
 llm = AsyncLLM.from_config(cfg, [])
 try:
     build_app(llm, "tiny_llama")

@@ -10,6 +10,7 @@ from lab import LLM
 from lab.compile import policy
 from lab.compile.policy import AUTO_COMPILE_MIN_PARAMS, should_compile
 from lab.engine.replay import run_setup
+from tests.kv import SMALL_KV
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 BIG = AUTO_COMPILE_MIN_PARAMS
@@ -52,14 +53,14 @@ def test_the_worker_asks_the_policy(monkeypatch, cxx):
     compile itself is tests/compile/test_compile.py's); at the real one it runs eagerly."""
     from lab.worker import worker
 
-    llm = LLM("tiny_llama", dtype="float32")
+    llm = LLM("tiny_llama", dtype="float32", **SMALL_KV)
     assert llm.engine.executor.worker.compiled is None
     assert run_setup(llm.engine)["compile"] == "off"
     calls = []
     monkeypatch.setattr(policy, "AUTO_COMPILE_MIN_PARAMS", 0)
     monkeypatch.setattr(worker, "compile_model", lambda *a, **k: calls.append(a) or None)
-    LLM("tiny_llama", dtype="float32")
+    LLM("tiny_llama", dtype="float32", **SMALL_KV)
     assert len(calls) == 1
     calls.clear()
-    LLM("tiny_llama", dtype="float32", compile=False)
+    LLM("tiny_llama", dtype="float32", compile=False, **SMALL_KV)
     assert not calls

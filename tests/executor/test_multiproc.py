@@ -142,7 +142,8 @@ import time
 from lab import LLM
 
 if __name__ == "__main__":
-    llm = LLM("tiny_llama", executor="multiproc", tensor_parallel_size=2, device="cpu")
+    llm = LLM("tiny_llama", executor="multiproc", tensor_parallel_size=2, device="cpu",
+              cpu_kv_cache_requests=4)  # tests/kv.py
     print(",".join(map(str, llm.engine.executor.pids)), flush=True)
     time.sleep(120)
 """

@@ -22,6 +22,7 @@ from lab.layers.cpu_ops import CPUOps, OneDNNGemm
 from lab.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from lab.models.loader import load_model
 from lab.models.tiny import ensure_tiny_model
+from tests.kv import SMALL_KV
 
 KERNELS = (cpu_argmax, cpu_sgemm, cpu_gemm, cpu_paged_decode)
 PROMPTS = [[3, 4, 5, 6, 7], [8, 9]]
@@ -67,7 +68,7 @@ def test_kernels_torch_is_the_reference_on_a_cpu(monkeypatch, dtype):
     monkeypatch.setattr(CPUExtension, "load", forbidden)
     monkeypatch.setattr(CPUExtension, "build", forbidden)
     monkeypatch.setattr(cpu_argmax, "argmax_rows", forbidden)
-    llm = LLM("tiny_llama", kernels="torch", attention="torch", dtype=dtype)
+    llm = LLM("tiny_llama", kernels="torch", attention="torch", dtype=dtype, **SMALL_KV)
     assert len(_ids(llm)[0]) == GREEDY.max_tokens
     packed = [name for name, m in _worker(llm).model.named_modules()
               if getattr(m, "kernel", None) is not None
@@ -88,7 +89,7 @@ def test_a_fresh_build_directory_never_makes_a_request_wait(real_modules, nothin
         return real_modules[source.stem]
 
     monkeypatch.setattr(cpu_ext, "compile_extension", compile_extension)
-    llm = LLM("tiny_llama", kernels="cpu", attention="cpu")
+    llm = LLM("tiny_llama", kernels="cpu", attention="cpu", **SMALL_KV)
     at_start = sorted(builds)
     assert {"cpu_argmax", "cpu_paged_decode"} <= set(at_start)
     assert ("cpu_sgemm" in at_start) == cpu_sgemm.applies() and "cpu_gemm" not in at_start  # fp32
@@ -108,11 +109,11 @@ def test_a_kernel_that_cannot_be_built_fails_kernels_cpu_and_auto_falls_back(
     monkeypatch.setattr(cpu_ext, "compile_extension", no_compiler)
     with pytest.raises(CPUKernelUnavailable,
                        match=r"kernels=cpu: (gemms\.fp32|argmax): .*no C\+\+ compiler.*kernels=torch"):
-        LLM("tiny_llama", kernels="cpu")
+        LLM("tiny_llama", kernels="cpu", **SMALL_KV)
     with caplog.at_level(logging.WARNING, logger="lab.layers.cpu_ops"):
-        auto = LLM("tiny_llama")  # kernels=auto
+        auto = LLM("tiny_llama", **SMALL_KV)  # kernels=auto
     assert "kernels=cpu: argmax runs its PyTorch reference" in caplog.text
-    assert _ids(auto) == _ids(LLM("tiny_llama", kernels="torch"))
+    assert _ids(auto) == _ids(LLM("tiny_llama", kernels="torch", **SMALL_KV))
 
 
 def test_fp32_linears_take_mkls_packing_unless_the_ordered_kernel_is_asked_for():

@@ -15,6 +15,7 @@ from lab import LLM, SamplingParams
 from lab.config.listing import main as list_knobs
 from lab.config.plugins import group_options, installed_plugins
 from lab.config.validate import check_command_line
+from tests.kv import SMALL_KV
 from tests.waits import WAIT_S
 
 INSTALLED = any(p.name == "example" for p in installed_plugins())
@@ -105,7 +106,7 @@ def test_its_eviction_policy_keeps_the_ids(fcfs_ids):
 @pytest.mark.parametrize("engine_client", ["inproc", "mp"])
 def test_its_processor_bans_the_tokens_a_request_names_in_extra_args(engine_client):
     llm = LLM("tiny_llama", engine_client=engine_client,
-              logits_processors=[*DEFAULT_PROCESSORS, "banned_tokens"])
+              logits_processors=[*DEFAULT_PROCESSORS, "banned_tokens"], **SMALL_KV)
     try:
         free = llm.generate([PROMPTS[0]], GREEDY)[0].outputs[0].token_ids
         banned = sorted(set(free))[:3]
@@ -115,7 +116,7 @@ def test_its_processor_bans_the_tokens_a_request_names_in_extra_args(engine_clie
     finally:
         llm.engine.shutdown()
     assert not set(out[0].outputs[0].token_ids) & set(banned)
-    assert out[1].outputs[0].token_ids == LLM("tiny_llama").generate(
+    assert out[1].outputs[0].token_ids == LLM("tiny_llama", **SMALL_KV).generate(
         [PROMPTS[1]], GREEDY)[0].outputs[0].token_ids  # a row without extra_args: untouched
 
 
@@ -128,7 +129,7 @@ def test_its_processor_reads_vllm_xargs_through_the_server():
     from lab.serve.api_server import build_app
     from tests.serve.uvicorn_thread import serving
 
-    llm = LLM("tiny_llama", logits_processors=[*DEFAULT_PROCESSORS, "banned_tokens"])
+    llm = LLM("tiny_llama", logits_processors=[*DEFAULT_PROCESSORS, "banned_tokens"], **SMALL_KV)
     free = llm.generate([PROMPTS[0]], GREEDY)[0].outputs[0]
     banned = sorted(set(free.token_ids))[:3]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
