@@ -9,6 +9,7 @@ Every composition calls it first, so run.py and `LLM(...)` see the same knobs an
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -96,12 +97,15 @@ def compose_with_choices(overrides: list[str] | None = None,
 
 def config_inputs(config_path: Sequence[str | Path] = ()) -> tuple:
     """What a composition reads besides its overrides: the knobs' declarations, the search
-    path, and the name and text of every option file on it (so an edited, added or removed
-    YAML file is read again; ~1 ms for lab's own)."""
-    files = tuple((str(p), p.read_bytes())
-                  for d in config_dirs(config_path) for p in sorted(d.rglob("*.yaml")))
+    path, and a digest of the name and text of every option file on it (so an edited, added or
+    removed YAML file is read again; ~1 ms for lab's own)."""
+    files = hashlib.blake2b(digest_size=16)
+    for d in config_dirs(config_path):
+        for p in sorted(d.rglob("*.yaml")):
+            text = p.read_bytes()
+            files.update(f"{p}\0{len(text)}\0".encode() + text)
     knob_classes = tuple(c for classes in knob_blocks().values() for c in classes)
-    return knob_classes, tuple(search_path(config_path)), files
+    return knob_classes, tuple(search_path(config_path)), files.hexdigest()
 
 
 @lru_cache(maxsize=64)
