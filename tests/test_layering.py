@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.kv import SMALL_KV
+
 LAB = Path(__file__).resolve().parents[1] / "lab"
 
 
@@ -137,14 +139,15 @@ import sys
 from lab.cli import serve_config_and_choices
 from lab.engine.async_llm import AsyncLLM
 from lab.serve.api_server import build_app
-cfg, _ = serve_config_and_choices(["model=tiny_llama", "cpu_kv_cache_requests=4"])
+cfg, _ = serve_config_and_choices(["model=tiny_llama", *SETTINGS])
 llm = AsyncLLM.from_config(cfg, [])
 try:
     build_app(llm, "tiny_llama")
     print(sorted(m for m in sys.modules if m.startswith(HEAVY)))
 finally:
     llm.shutdown()
-""".replace("HEAVY", repr(HEAVY))
+""".replace("HEAVY", repr(HEAVY)).replace(
+    "SETTINGS", repr([f"{k}={v}" for k, v in SMALL_KV.items()]))
 
 
 def test_a_serve_frontend_imports_no_worker_model_or_kernel_code():

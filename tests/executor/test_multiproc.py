@@ -33,6 +33,7 @@ from tests.executor.tp_utils import (
     parity_run,
     wait_gone,
 )
+from tests.kv import SMALL_KV
 from tests.procs import start_script
 
 # the default suite: tiny_llama, tiny_deepseek (MLA, MoE) and tiny_gpt_oss (a hybrid KV cache,
@@ -143,10 +144,10 @@ from lab import LLM
 
 if __name__ == "__main__":
     llm = LLM("tiny_llama", executor="multiproc", tensor_parallel_size=2, device="cpu",
-              cpu_kv_cache_requests=4)  # tests/kv.py
+              **SMALL_KV)
     print(",".join(map(str, llm.engine.executor.pids)), flush=True)
     time.sleep(120)
-"""
+""".replace("SMALL_KV", repr(SMALL_KV))
 
 
 def test_a_killed_engine_process_leaves_no_rank(tmp_path):
