@@ -2,23 +2,32 @@
 reference.
 
     y = gemm(x, packed, weight, bias)      x [M, K] fp32, weight [N, K] fp32, bias [N] or None
-    packed = pack_mkl(weight)              once, after loading (or pack(weight): opt-in, below)
+    packed = pack_layout(weight, 1, 128)   once, after loading (the default slot, BlockedGemm)
     describe(packed)                       what it runs: "mkl" or "ordered: <layout>"
 
 Two kernels behind the op, the packed weight saying which:
 
-- MKL's packed sgemm (`pack_mkl`, the slot `MKLGemm`: kernels=cpu's default for fp32).
-- "ordered" (`pack`, the slot `OrderedGemm`, opt-in): lab's own AVX-512 kernel summing over k
-  in the order MKL's sgemm sums in at this thread count. pack() tries candidate layouts on the
-  weight and keeps one only where its output equals F.linear's bit for bit on probe rows
-  (then lab's fp32 linears give transformers' bits), else packs for MKL. What it runs thus
-  depends on MKL's internals and the thread count: that is why it is not the default; why one
-  may opt in (it is faster at decode sizes): README's "CPU kernels" and experiments/results/.
-  `pack_layout` forces a layout and `emulate_ref` is that layout's order in PyTorch (float64
-  products, one float32 rounding per FMA), for the tests.
+- lab's own AVX-512 kernel ("ordered": it sums over k in a fixed layout, `pack_layout`): K in
+  blocks, each block an FMA chain from zero, the blocks chained (parts > 1: K in parts summed
+  apart, then added). Its order never depends on the thread count or the row count.
+  - `BlockedGemm` (kernels=cpu's default fp32 slot where the CPU has AVX-512): one part, blocks
+    of `block` (128). Chosen for speed and accuracy, not to match any library's bits: on the
+    bench presets' fp32 weights at 16 rows its sums are closer to float64 than F.linear's
+    (MKL's) and it takes 0.8x the time of MKL's packed sgemm (experiments/results/).
+  - `OrderedGemm` (opt-in): pack() tries candidate layouts on the weight and keeps one only
+    where its output equals F.linear's bit for bit on probe rows at this thread count (then
+    lab's fp32 linears give transformers' bits), else packs for MKL, where the slot takes
+    BlockedGemm's blocks instead. It imitates MKL's internal order, which depends on MKL's
+    version and the thread count: that is why it is not the default.
+- MKL's packed sgemm (`pack_mkl`, the slot `MKLGemm`): the next slot, for CPUs without
+  AVX-512. Not F.linear's bits either (MKL's packed and unpacked paths sum differently).
 
-What it is for: `kernels=cpu`'s fp32 slot (lab/conf/kernels/cpu.yaml): after loading, every
-fp32 CPU weight of at least the slot's `min_elements` is packed for it where torch has MKL,
+`emulate_ref` is a layout's order in PyTorch (float64 products, one float32 rounding per FMA),
+for the tests.
+
+What it is for: `kernels=cpu`'s fp32 slots `fp32` and `mkl` (lab/conf/kernels/cpu.yaml): after
+loading, every fp32 CPU weight of at least a slot's `min_elements` is packed for the first that
+runs here,
 and the linear's forward then runs this op, eager or compiled: `torch.ops.lab_cpu.gemm_fp32`
 is a dispatcher op with a C++ kernel and a fake implementation registered at setup, so
 torch.compile keeps it opaque (inductor's freezing would otherwise pack the weight for oneDNN).
@@ -26,7 +35,7 @@ Below 128 rows it runs the packed kernel; from 128 rows (prefill) at::linear on 
 weight. Why: the .cpp's header; the speeds: `python -m lab.bench.cpu_gemm --dtype float32`.
 
 Build: `lab.kernels.cpu_ext`, at the option's setup (before the engine is ready). Where torch
-has no MKL nothing is built and the slot does not run (the next slot, oneDNN, takes the weights).
+has no MKL nothing is built and neither slot runs (the next slot, oneDNN, takes the weights).
 
 `gemm_ref` is the contract in PyTorch: F.linear.
 """
@@ -54,7 +63,8 @@ def supports(weight: torch.Tensor) -> bool:
 
 
 class MKLGemm(PackedGemm):
-    """kernels=cpu's fp32 GEMM: MKL's packed sgemm behind lab's op (module docstring)."""
+    """MKL's packed sgemm behind lab's op: kernels=cpu's fp32 slot after BlockedGemm, for CPUs
+    without AVX-512 (module docstring)."""
 
     extension = EXTENSION
     op = "gemm_fp32"
@@ -70,12 +80,38 @@ class MKLGemm(PackedGemm):
         return pack_mkl(weight)
 
 
-class OrderedGemm(MKLGemm):
-    """The opt-in fp32 GEMM: the ordered kernel where pack() finds a layout giving F.linear's
-    bits on the weight at this thread count, else MKL's packed sgemm (module docstring)."""
+class BlockedGemm(MKLGemm):
+    """kernels=cpu's fp32 GEMM on AVX-512 CPUs: lab's kernel summing each output over K in
+    blocks of `block` (module docstring); where the build has no AVX-512 the slot does not run
+    and the next one (MKL's packed sgemm) takes the weights."""
+
+    def __init__(self, min_elements: int = 0, block: int = 128) -> None:
+        super().__init__(min_elements)
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"block={block!r} is invalid: use an int >= 1 (the k's each FMA "
+                             "chain sums before it is added to the output)")
+        self.block = block
+
+    def usable(self, module) -> bool:
+        return bool(module.has_ordered())
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
-        return pack(weight)
+        return pack_layout(weight.detach(), 1, self.block)
+
+    def __repr__(self) -> str:
+        return f"BlockedGemm(min_elements={self.min_elements}, block={self.block})"
+
+
+class OrderedGemm(BlockedGemm):
+    """The opt-in fp32 GEMM: the ordered kernel where pack() finds a layout giving F.linear's
+    bits on the weight at this thread count, else BlockedGemm's blocks (module docstring)."""
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        packed = pack(weight)
+        return super().pack(weight) if describe(packed) == "mkl" else packed
+
+    def __repr__(self) -> str:
+        return f"OrderedGemm(min_elements={self.min_elements}, block={self.block})"
 
 
 available = MKLGemm.available  # whether the op runs here (builds it now)

@@ -13,7 +13,8 @@ are the PyTorch references, as TorchOps; what this option adds, each slot a `_ta
     gemms    dense linears: after loading, each weight is packed for the first slot that takes
              it (its dtype, `min_elements`, its shape) and runs there, eager and compiled:
                bf16    lab.kernels.cpu_gemm.AMXGemm      AMX tiles (CPU with AMX-BF16)
-               fp32    lab.kernels.cpu_sgemm.MKLGemm     MKL's packed sgemm behind lab's op
+               fp32    lab.kernels.cpu_sgemm.BlockedGemm lab's AVX-512 kernel (K in blocks)
+               mkl     lab.kernels.cpu_sgemm.MKLGemm     MKL's packed sgemm (no AVX-512)
                onednn  OneDNNGemm (here)                 torch's oneDNN-prepacked matmul
              a weight no slot takes runs F.linear (the reference)
     argmax   the sampler's greedy pick: lab.kernels.cpu_argmax.CPUArgmax (fp32 CPU logits)
@@ -23,7 +24,7 @@ ready) builds or loads the extensions of the slots a `dtype` model uses, in this
 build directory (lab/kernels/cpu_ext.py); nothing is built later. A slot whose kernel cannot be
 built fails the engine's start (`fallback: false`, kernels=cpu) or runs its reference with one
 warning (`fallback: true`, what kernels=auto picks on a CPU). A slot that does not apply to the
-machine (no AMX, no MKL) is skipped either way.
+machine (no AMX, no MKL, no AVX-512) is skipped either way.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """lab's fp32 GEMM on a packed weight (lab/kernels/cpu_sgemm.cpp) equals its reference (F.linear)
 over the row counts a packed weight serves (1 to 127) and past them (at::linear), bias, strided
-rows, on MKL's packing and the ordered kernel's; bad input is refused naming it; kernels=cpu's
-linears pack fp32 weights for MKL's packed sgemm by default (the ordered kernel is opt-in) and it
-traces under torch.compile as one opaque op. The ordered kernel sums in its layout's order bit
-for bit (a PyTorch emulation of that order), and pack() keeps it only in the first layout that
-gives F.linear's bits, else MKL's packed sgemm. Skipped where torch has no MKL."""
+rows, on MKL's packing and lab's AVX-512 kernel's; bad input is refused naming it; linear layers
+pack fp32 weights for their slot and it traces under torch.compile as one opaque op. lab's
+kernel sums in its layout's order bit for bit (a PyTorch emulation of that order): the default
+slot (BlockedGemm) in blocks of 128 at any thread and row count; pack() (the opt-in
+OrderedGemm) keeps the first layout that gives F.linear's bits, else MKL's packed sgemm, where
+the slot takes the blocks. Skipped where torch has no MKL."""
 
 import pytest
 import torch
@@ -25,10 +26,14 @@ def _weights(n: int, k: int, bias: bool, seed: int = 0):
 @pytest.mark.parametrize("m", [0, 1, 3, 16, 17, 64, 127, 128, 200])
 @pytest.mark.parametrize(("n", "k"), [(8, 8), (48, 96), (520, 136)])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("pack", [cpu_sgemm.pack_mkl, cpu_sgemm.pack], ids=["mkl", "ordered"])
-def test_gemm_equals_reference(m, n, k, bias, pack):
+@pytest.mark.parametrize("kind", ["mkl", "ordered", "blocked"])
+def test_gemm_equals_reference(m, n, k, bias, kind):
     """Rows: fewer than the 16 the weight is packed for, 16, more (17-127: the same packed
     weight), and from 128 on (at::linear on the dense weight)."""
+    if kind == "blocked" and not cpu_sgemm.has_ordered():
+        pytest.skip("lab's fp32 kernel needs AVX-512 (this build has none)")
+    pack = {"mkl": cpu_sgemm.pack_mkl, "ordered": cpu_sgemm.pack,
+            "blocked": cpu_sgemm.BlockedGemm().pack}[kind]
     w, b = _weights(n, k, bias, seed=m + n + k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     b_in = None if b is None else b.clone()
@@ -148,6 +153,43 @@ def test_pack_keeps_the_first_layout_giving_linears_bits(threads, n, k):
             assert torch.equal(cpu_sgemm.gemm(x, packed, w, b), cpu_sgemm.gemm_ref(x, w, b))
     finally:
         torch.set_num_threads(before)
+
+
+@ordered
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_default_slot_sums_in_blocks_whatever_the_threads_and_rows(threads):
+    """BlockedGemm (kernels=cpu's fp32 default on AVX-512): K in blocks of `block`, chained from
+    the bias: the emulation's bits, the same at any thread count, and each row's outputs the
+    same in any batch below 128 rows (a row's sums never depend on the other rows)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        w, b = _weights(100, 300, True, seed=5)
+        x = torch.randn(20, 300, generator=torch.Generator().manual_seed(6))
+        kernel = cpu_sgemm.BlockedGemm(block=128)
+        assert kernel.setup()
+        packed = kernel.pack(w)
+        assert cpu_sgemm.describe(packed) == "ordered: 1 parts x blocks of 128"
+        got = kernel.gemm(x, packed, w, b)
+        assert torch.equal(got, cpu_sgemm.emulate_ref(x, w, b, 1, 128))
+        assert all(torch.equal(kernel.gemm(x[i:i + 1], packed, w, b), got[i:i + 1])
+                   for i in (0, 7, 19))
+        wide = torch.cat([x, torch.randn(100, 300, generator=torch.Generator().manual_seed(7))])
+        assert torch.equal(kernel.gemm(wide[:127], packed, w, b)[:20], got)
+    finally:
+        torch.set_num_threads(before)
+
+
+@ordered
+def test_the_ordered_slot_takes_the_blocks_where_no_layout_gives_linears_bits():
+    w, _ = _weights(64, 1408, False, seed=1408)
+    w = w / 1408 ** 0.5
+    slot = cpu_sgemm.OrderedGemm(block=128)
+    assert slot.setup()
+    chosen = cpu_sgemm.describe(slot.pack(w))
+    assert chosen == (cpu_sgemm.describe(cpu_sgemm.pack(w))
+                      if cpu_sgemm.describe(cpu_sgemm.pack(w)) != "mkl"
+                      else "ordered: 1 parts x blocks of 128")
 
 
 def test_mkl_packing_stays_available_side_by_side():

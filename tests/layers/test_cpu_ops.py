@@ -116,21 +116,32 @@ def test_a_kernel_that_cannot_be_built_fails_kernels_cpu_and_auto_falls_back(
     assert _ids(auto) == _ids(LLM("tiny_llama", kernels="torch", **SMALL_KV))
 
 
-def test_fp32_linears_take_mkls_packing_unless_the_ordered_kernel_is_asked_for():
+def test_fp32_linears_take_the_blocked_kernel_then_mkl_unless_the_ordered_one_is_asked_for():
     if not cpu_sgemm.available():
         pytest.skip("torch has no MKL here (or the op could not be built)")
     w = torch.randn(512, 512, generator=torch.Generator().manual_seed(0)) / 512 ** 0.5
+    x = torch.randn(16, 512)
     ops = instantiate(compose_config(["kernels=cpu"]).kernels)
     ops.setup(CPU, torch.float32)
     kernel, packed = ops.pack_linear(w)
-    assert type(kernel) is cpu_sgemm.MKLGemm and cpu_sgemm.describe(packed) == "mkl"
+    if cpu_sgemm.has_ordered():  # AVX-512: lab's kernel in blocks of 128, whatever the weight
+        assert type(kernel) is cpu_sgemm.BlockedGemm and kernel.block == 128
+        assert cpu_sgemm.describe(packed) == "ordered: 1 parts x blocks of 128"
+    else:  # the next slot
+        assert type(kernel) is cpu_sgemm.MKLGemm and cpu_sgemm.describe(packed) == "mkl"
+    torch.testing.assert_close(kernel.gemm(x, packed, w), cpu_sgemm.gemm_ref(x, w), atol=1e-4,
+                               rtol=1e-5)
     assert ops.pack_linear(torch.randn(64, 64)) == (None, None)  # below min_elements: F.linear
+    no_avx512 = instantiate(compose_config(["kernels=cpu", "kernels.gemms.fp32=null"]).kernels)
+    no_avx512.setup(CPU, torch.float32)
+    kernel, packed = no_avx512.pack_linear(w)
+    assert type(kernel) is cpu_sgemm.MKLGemm and cpu_sgemm.describe(packed) == "mkl"
     target = "kernels.gemms.fp32._target_=lab.kernels.cpu_sgemm.OrderedGemm"
     ordered = instantiate(compose_config(["kernels=cpu", target]).kernels)
     ordered.setup(CPU, torch.float32)
     kernel, packed = ordered.pack_linear(w)
-    assert type(kernel) is cpu_sgemm.OrderedGemm
-    x = torch.randn(16, 512)
+    if cpu_sgemm.has_ordered():
+        assert type(kernel) is cpu_sgemm.OrderedGemm and cpu_sgemm.describe(packed) != "mkl"
     torch.testing.assert_close(kernel.gemm(x, packed, w), cpu_sgemm.gemm_ref(x, w), atol=1e-4,
                                rtol=1e-5)
 
@@ -157,11 +168,15 @@ def test_bad_settings_are_refused_naming_them():
         CPUOps([cpu_sgemm.MKLGemm()])
     with pytest.raises(ValueError, match="min_elements=-1 is invalid"):
         cpu_sgemm.MKLGemm(min_elements=-1)
+    for block in (0, 1.5, True):
+        with pytest.raises(ValueError, match=rf"block={block!r} is invalid: use an int >= 1"):
+            cpu_sgemm.BlockedGemm(block=block)
 
 
 def test_a_null_slot_runs_its_reference():
     ops = instantiate(compose_config(["kernels=cpu", "kernels.argmax=null",
-                                      "kernels.gemms.fp32=null", "kernels.gemms.onednn=null"]).kernels)
+                                      "kernels.gemms.fp32=null", "kernels.gemms.mkl=null",
+                                      "kernels.gemms.onednn=null"]).kernels)
     ops.setup(CPU, torch.float32)
     assert not ops.argmax_ready and ops.active == {}
     assert ops.pack_linear(torch.randn(1024, 1024)) == (None, None)
