@@ -3,16 +3,20 @@ process.
 
     python -m lab.bench.cpu_gemm                       # bench_llama and bench_qwen3_06b shapes
     python -m lab.bench.cpu_gemm --rows 1 16 64 256    # row counts (tokens in the step)
-    python -m lab.bench.cpu_gemm --dtype float32       # fp32: lab's op on MKL's packing and on
-                                                       # the ordered kernel (opt-in)
+    python -m lab.bench.cpu_gemm --dtype float32       # fp32: lab's op on its blocked kernel
+                                                       # (the default), MKL's packing and the
+                                                       # ordered kernel (opt-in)
 
 For each linear of the two bench presets (qkv, o, gate_up, down, LM head: [N, K] from their
 configs) and each row count, the median time of one call of
 
     amx       bf16 only: lab/kernels/cpu_gemm.py (kernels=cpu's bf16 slot; packed once; above
               64 rows it is oneDNN inside the op)
-    mkl       fp32 only: lab/kernels/cpu_sgemm.py on MKL's packed sgemm (kernels=cpu's fp32
-              slot, MKLGemm; from 128 rows at::linear inside the op)
+    blocked   fp32 only, AVX-512 builds: lab/kernels/cpu_sgemm.py's kernel summing K in blocks
+              of 128 (kernels=cpu's fp32 slot, BlockedGemm; from 128 rows at::linear inside
+              the op)
+    mkl       fp32 only: the same op on MKL's packed sgemm (the slot `mkl`, MKLGemm: CPUs
+              without AVX-512)
     ordered   fp32 only: the same op as pack() chooses (the opt-in OrderedGemm: its ordered
               AVX-512 kernel where that gives F.linear's bits, else MKL's packed sgemm)
     onednn    torch.ops.mkldnn._linear_pointwise on a weight prepacked for oneDNN (kernels=cpu's
@@ -21,7 +25,8 @@ configs) and each row count, the median time of one call of
 
 over `--weights` copies of the weight called in turn (4: a layer's weights stay in L3, as in
 bench_llama; the "cold" row per preset runs every linear of every layer in turn, the step's
-whole weight stream, as a decode step does), with GB/s = weight bytes / time. The
+whole weight stream, as a decode step does), with GB/s = weight bytes / time; in fp32 a
+second table gives each one's error against the float64 product (which order sums closer). The
 implementations take turns round by round (so a change of the machine's load falls on all of
 them alike) and each reports its median round. Correctness is
 the kernel's tests (tests/kernels/test_cpu_gemm.py); here each result is also checked against
@@ -62,18 +67,23 @@ def _median_times(fns: dict, calls: int, repeats: int) -> dict[str, float]:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-LAB_COLUMNS = {torch.bfloat16: ("amx",), torch.float32: ("mkl", "ordered")}
+def lab_columns(dtype: torch.dtype) -> tuple[str, ...]:
+    """lab's columns, its default first: amx (bf16); blocked (AVX-512 builds), mkl, ordered."""
+    if dtype == torch.bfloat16:
+        return ("amx",)
+    return ("blocked", "mkl", "ordered") if cpu_sgemm.has_ordered() else ("mkl", "ordered")
 
 
 def _lab_impls(weights: list[torch.Tensor]) -> dict:
-    """lab's C++ GEMMs for these weights: amx (bf16), or mkl and ordered (fp32)."""
+    """lab's C++ GEMMs for these weights (lab_columns)."""
     if weights[0].dtype == torch.bfloat16:
         amx = [cpu_gemm.pack(w) for w in weights]
         return {"amx": lambda x, i: cpu_gemm.gemm(x, amx[i], weights[i])}
-    mkl = [cpu_sgemm.pack_mkl(w) for w in weights]
-    ordered = [cpu_sgemm.pack(w) for w in weights]
-    return {"mkl": lambda x, i: cpu_sgemm.gemm(x, mkl[i], weights[i]),
-            "ordered": lambda x, i: cpu_sgemm.gemm(x, ordered[i], weights[i])}
+    packs = {"blocked": cpu_sgemm.BlockedGemm().pack, "mkl": cpu_sgemm.pack_mkl,
+             "ordered": cpu_sgemm.pack}
+    packed = {name: [packs[name](w) for w in weights] for name in lab_columns(torch.float32)}
+    return {name: (lambda x, i, ps=ps: cpu_sgemm.gemm(x, ps[i], weights[i]))
+            for name, ps in packed.items()}
 
 
 def _impls(weights: list[torch.Tensor], rows: int) -> dict:
@@ -135,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("MKL's packed sgemm is not available here (no MKL, or no compiler)")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}; us per "
           "call (GB/s of weight read); ratios: time / time")
-    names = [*LAB_COLUMNS[dtype], "onednn", "F.linear"]
+    names = [*lab_columns(dtype), "onednn", "F.linear"]
     ratios = "  ".join(f"{a}/{b}" for a, b in _ratios(names))
     print(f"{'preset':16s} {'linear':8s} {'[N, K]':>12s} {'rows':>5s}"
           + "".join(f" {n:>15s}" for n in names) + f"  {ratios}")
@@ -147,13 +157,39 @@ def main(argv: list[str] | None = None) -> None:
             t = bench_step(preset, rows, max(3, args.repeats // 4), dtype)
             size = sum(n * k * dtype.itemsize for _, n, k in SHAPES[preset][:-1]) * LAYERS[preset]
             _row(preset, "cold", f"{LAYERS[preset]} layers", rows, t, size)
+    if dtype == torch.float32:
+        print_accuracy(args.presets, args.rows, names)
+
+
+def accuracy(n: int, k: int, rows: int, names: list[str]) -> dict[str, float]:
+    """Each fp32 implementation's max |y - y64| / max |y64| against the float64 product, on a
+    weight scaled as a model's (N(0, 1/K)) and N(0, 1) rows."""
+    g = torch.Generator().manual_seed(n + k + rows)
+    w = torch.randn(n, k, generator=g) / k ** 0.5
+    x = torch.randn(rows, k, generator=g)
+    want = x.double() @ w.double().T
+    impls = _impls([w], rows)
+    return {name: ((impls[name](x, 0).double() - want).abs().max() / want.abs().max()).item()
+            for name in names}
+
+
+def print_accuracy(presets: list[str], rows: list[int], names: list[str]) -> None:
+    """accuracy() of every fp32 linear of `presets` at each row count, one table."""
+    print("\nerror against the float64 product: max |y - y64| / max |y64|")
+    print(f"{'preset':16s} {'linear':8s} {'[N, K]':>12s} {'rows':>5s}"
+          + "".join(f" {n:>10s}" for n in names))
+    for preset in presets:
+        for r in rows:
+            for name, n, k in SHAPES[preset]:
+                err = accuracy(n, k, r, names)
+                print(f"{preset:16s} {name:8s} {f'[{n}, {k}]':>12s} {r:5d}"
+                      + "".join(f" {err[m]:10.2e}" for m in names))
 
 
 def _ratios(names: list[str]) -> list[tuple[str, str]]:
-    """The columns compared: lab's default against oneDNN and F.linear; fp32's ordered kernel
-    against MKL's packing."""
+    """The columns compared: lab's default against oneDNN, F.linear and (fp32) MKL's packing."""
     pairs = [(names[0], "onednn"), (names[0], "F.linear")]
-    return pairs + ([("ordered", "mkl")] if "ordered" in names else [])
+    return pairs + ([(names[0], "mkl")] if "mkl" in names[1:] else [])
 
 
 def _row(preset: str, name: str, shape: str, rows: int, t: dict[str, float], nbytes: int):
