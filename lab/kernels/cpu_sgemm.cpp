@@ -13,24 +13,25 @@
 //   packed as [N/16][K][16] (one contiguous stream per column block). Its sums over k follow a
 //   layout: K in `parts` equal parts, each part in blocks of `kc` (or `kc` balanced); a block
 //   is an FMA chain from zero, a part chains its blocks (part 0 starting at the bias), and the
-//   parts are added in order. That is the order MKL's sgemm (F.linear, and so transformers)
-//   sums in for 16 to 127 rows: 2 parts at 2 threads, blocks of 384 (256 where a part is 512),
-//   found by emulating candidate orders in float64 against F.linear's bits. pack() does not
-//   trust that rule: it tries the candidate layouts on this weight at this thread count and
-//   keeps the first whose output equals at::linear's bit for bit on probe rows (16 and 127),
-//   so fp32 linears give transformers' bits where they take this kernel (the opt-in fp32 slot
-//   OrderedGemm of kernels=cpu). Below 16 rows
-//   MKL changes kernels (no layout matches); the same layout runs there, no worse than MKL's
-//   packed sgemm, which was not bitwise F.linear either.
+//   parts are added in order. pack_layout() packs a given layout: kernels=cpu's default fp32
+//   slot (BlockedGemm) packs one part in blocks of 128, an order chosen for speed and accuracy
+//   (closer to float64 than F.linear's on the bench shapes), the same at any thread and row
+//   count. pack() (the opt-in slot OrderedGemm) instead imitates MKL's sgemm (F.linear, and so
+//   transformers), which for 16 to 127 rows sums in 2 parts at 2 threads, blocks of 384 (256
+//   where a part is 512), found by emulating candidate orders in float64 against F.linear's
+//   bits: it tries the candidate layouts on this weight at this thread count and keeps the
+//   first whose output equals at::linear's bit for bit on probe rows (16 and 127), else packs
+//   for MKL. Below 16 rows MKL changes kernels (no layout matches); the same layout runs there.
 // - MKL: MKL's packed sgemm (cblas_sgemm_compute on a B packed once): what pack_mkl() packs
-//   (kernels=cpu's default for fp32), and what pack() falls back to where no candidate matches
-//   (another thread count, a K MKL splits otherwise: bench_llama's 1408) or the CPU has no
-//   AVX-512. The ordered kernel is an opt-in (lab/kernels/cpu_sgemm.py says why). MKL's entry points come from libtorch_cpu, which links MKL statically and
-//   exports them (LP64: MKL_INT is int).
+//   (kernels=cpu's fp32 slot for CPUs without AVX-512), and what pack() falls back to where no
+//   candidate matches (another thread count, a K MKL splits otherwise: bench_llama's 1408) or
+//   the CPU has no AVX-512. MKL's entry points come from libtorch_cpu, which links MKL
+//   statically and exports them (LP64: MKL_INT is int).
 //
-// Side by side (one process, 49 GEMMs cold, 16 rows, bench_qwen3_06b's shapes; 2-core AVX-512
-// Xeon): experiments/results/2026-12-05-cpu-fp32-ordered.md. From MAX_M rows on (prefill)
-// at::linear on the dense weight is as fast or faster, and is F.linear itself.
+// Side by side (one process, 16 rows, the bench presets' shapes; 2-core AVX-512 Xeon):
+// experiments/results/2026-12-05-cpu-fp32-ordered.md (the kernel's tuning) and
+// experiments/results/2026-12-06-fp32-blocked.md (the blocked default). From MAX_M rows on
+// (prefill) at::linear on the dense weight is as fast or faster, and is F.linear itself.
 //
 // Built without -ffast-math (cpu_sgemm.py): the order of the adds is the point.
 
