@@ -181,15 +181,18 @@ def test_the_default_slot_sums_in_blocks_whatever_the_threads_and_rows(threads):
 
 
 @ordered
-def test_the_ordered_slot_takes_the_blocks_where_no_layout_gives_linears_bits():
-    w, _ = _weights(64, 1408, False, seed=1408)
-    w = w / 1408 ** 0.5
+def test_the_ordered_slot_takes_the_blocks_where_no_layout_gives_linears_bits(monkeypatch):
+    """Where pack() finds a layout the slot keeps it; where it falls back to MKL (made certain
+    here: pack() replaced by MKL's packing), the slot packs BlockedGemm's blocks instead."""
+    w, _ = _weights(64, 1024, False, seed=2)
+    w = w / 1024 ** 0.5
     slot = cpu_sgemm.OrderedGemm(block=128)
     assert slot.setup()
-    chosen = cpu_sgemm.describe(slot.pack(w))
-    assert chosen == (cpu_sgemm.describe(cpu_sgemm.pack(w))
-                      if cpu_sgemm.describe(cpu_sgemm.pack(w)) != "mkl"
-                      else "ordered: 1 parts x blocks of 128")
+    found = cpu_sgemm.describe(cpu_sgemm.pack(w))
+    assert cpu_sgemm.describe(slot.pack(w)) == (
+        found if found != "mkl" else "ordered: 1 parts x blocks of 128")
+    monkeypatch.setattr(cpu_sgemm, "pack", cpu_sgemm.pack_mkl)
+    assert cpu_sgemm.describe(slot.pack(w)) == "ordered: 1 parts x blocks of 128"
 
 
 def test_mkl_packing_stays_available_side_by_side():
