@@ -283,6 +283,21 @@ def test_step_profile_timers_put_back_an_instance_attribute():
     assert other.forward() == "class" and "forward" not in vars(other)
 
 
+def test_cpu_gemm_bench_measures_each_fp32_gemms_error_against_float64():
+    """The fp32 accuracy table: one error per implementation, each measured (nonzero: every one
+    rounds in fp32) and small."""
+    import torch
+
+    from lab.bench import cpu_gemm
+    from lab.kernels import cpu_sgemm
+
+    if not cpu_sgemm.available():
+        pytest.skip("torch has no MKL here (or the op could not be built)")
+    names = [*cpu_gemm.lab_columns(torch.float32), "onednn", "F.linear"]
+    err = cpu_gemm.accuracy(48, 640, 16, names)
+    assert list(err) == names and all(0 < e < 1e-5 for e in err.values())
+
+
 def test_cpu_decode_bench_times_the_kernel_over_every_layer(capsys):
     """Tiny stream, both paths (checked against each other first), one line per batch."""
     from lab.bench import cpu_decode
