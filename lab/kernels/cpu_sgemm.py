@@ -62,9 +62,9 @@ def supports(weight: torch.Tensor) -> bool:
             and weight.is_contiguous())
 
 
-class MKLGemm(PackedGemm):
-    """MKL's packed sgemm behind lab's op: kernels=cpu's fp32 slot after BlockedGemm, for CPUs
-    without AVX-512 (module docstring)."""
+class FP32Gemm(PackedGemm):
+    """What kernels=cpu's fp32 slots share: this extension's op on fp32 weights, built where
+    torch has MKL (the op links MKL's packed sgemm); a slot says how it packs a weight."""
 
     extension = EXTENSION
     op = "gemm_fp32"
@@ -76,11 +76,16 @@ class MKLGemm(PackedGemm):
     def supports(self, weight: torch.Tensor) -> bool:
         return supports(weight)
 
+
+class MKLGemm(FP32Gemm):
+    """MKL's packed sgemm behind lab's op: kernels=cpu's fp32 slot after BlockedGemm, for CPUs
+    without AVX-512 (module docstring)."""
+
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         return pack_mkl(weight)
 
 
-class BlockedGemm(MKLGemm):
+class BlockedGemm(FP32Gemm):
     """kernels=cpu's fp32 GEMM on AVX-512 CPUs: lab's kernel summing each output over K in
     blocks of `block` (module docstring); where the build has no AVX-512 the slot does not run
     and the next one (MKL's packed sgemm) takes the weights."""
@@ -96,10 +101,10 @@ class BlockedGemm(MKLGemm):
         return bool(module.has_ordered())
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
-        return pack_layout(weight.detach(), 1, self.block)
+        return pack_layout(weight, 1, self.block)
 
     def __repr__(self) -> str:
-        return f"BlockedGemm(min_elements={self.min_elements}, block={self.block})"
+        return f"{type(self).__name__}(min_elements={self.min_elements}, block={self.block})"
 
 
 class OrderedGemm(BlockedGemm):
@@ -110,11 +115,8 @@ class OrderedGemm(BlockedGemm):
         packed = pack(weight)
         return super().pack(weight) if describe(packed) == "mkl" else packed
 
-    def __repr__(self) -> str:
-        return f"OrderedGemm(min_elements={self.min_elements}, block={self.block})"
 
-
-available = MKLGemm.available  # whether the op runs here (builds it now)
+available = FP32Gemm.available  # whether the op runs here (builds it now)
 
 
 def pack_mkl(weight: torch.Tensor) -> torch.Tensor:
@@ -131,7 +133,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 def gemm(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
          bias: torch.Tensor | None = None) -> torch.Tensor:
     """y [..., N] = x [..., K] W^T (+ bias) through `packed` (pack_mkl / pack / pack_layout)."""
-    return packed_gemm(MKLGemm.op, x, packed, weight, bias)
+    return packed_gemm(FP32Gemm.op, x, packed, weight, bias)
 
 
 def gemm_ref(x: torch.Tensor, weight: torch.Tensor,
@@ -158,7 +160,7 @@ def describe(packed: torch.Tensor) -> str:
 
 def pack_layout(weight: torch.Tensor, parts: int, kc: int, balanced: bool = False) -> torch.Tensor:
     """`weight` packed for the ordered kernel in a given summation layout (AVX-512 builds)."""
-    return EXTENSION.loaded().pack_layout(weight, parts, kc, balanced)
+    return EXTENSION.loaded().pack_layout(weight.detach(), parts, kc, balanced)
 
 
 def emulate_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: int,
