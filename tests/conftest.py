@@ -42,3 +42,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_gc_freeze_in_process(request, monkeypatch):
+    """In-process engines skip build_core's freeze_gc_heap (its full collection walks every
+    object torch, transformers and the earlier tests left: ~0.15 s a start, ~400 starts in the
+    suite). Core processes (engine_client=mp, lab serve) still freeze their own heaps, and
+    tests marked `gc_freeze` (tests/engine/test_gc_freeze.py) check the in-process freeze."""
+    if "gc_freeze" not in request.keywords:
+        monkeypatch.setattr("lab.engine.builder.freeze_gc_heap", lambda: None)

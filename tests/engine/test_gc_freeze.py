@@ -5,6 +5,8 @@ dropped in-process can be collected."""
 
 import gc
 
+import pytest
+
 from lab.config.compose import compose_config
 from lab.core.sampling_params import SamplingParams
 from lab.engine.llm_engine import LLMEngine
@@ -15,6 +17,7 @@ def _engine() -> LLMEngine:
                                      "model=tiny_llama"]))
 
 
+@pytest.mark.gc_freeze
 def test_a_started_engine_runs_on_a_frozen_heap_until_shutdown():
     gc.unfreeze()
     engine = _engine()
