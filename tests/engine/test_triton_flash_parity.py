@@ -1,7 +1,7 @@
 """Greedy token ids with attention=triton_flash (fp32; Triton's interpreter on CPU) equal those of
 attention=torch and of transformers, for tiny Llama and tiny Qwen3, in one run that forces chunked
-prefill (a 16-token budget), prefix-cache hits (shared prefixes) and preemption (a tiny cache).
-The Triton run goes over both engine clients (inproc, and mp on the first model: the interpreter
+prefill (a 16-token budget), prefix-cache hits (shared prefixes) and preemption (a tiny cache);
+`kernels=triton` also puts norms and rotary through Triton (`-m slow`). The Triton run goes over both engine clients (inproc, and mp on the first model: the interpreter
 runs in the core process); the attention=torch and transformers references are computed once per model."""
 
 import pytest
@@ -107,16 +107,22 @@ model_name, reference = model_fixtures(MODELS, slow=tuple(MODELS[1:]))
 
 
 def test_triton_flash_matches_torch_and_transformers(model_name, reference, engine_client):
-    """mp (a core process) on the first model only. kernels=triton (norms, rotary) on the first
-    model, inproc, only: Triton's interpreter
-    runs every op (the ops are the same in a core process, whose attention kernels run in the
-    interpreter too), and TritonOps vs TorchOps is checked on every GQA preset in
-    test_ops_wiring.py."""
+    """mp (a core process) on the first model only: the interpreter runs the same kernels
+    there. The other ops are PyTorch's here (kernels=torch); the next test puts them through
+    Triton too."""
     if engine_client == "mp" and model_name != MODELS[0]:
         pytest.skip("the core process runs the same kernels: checked on the first model "
                     "(each mp run costs a process start in the suite's CPU budget)")
-    kernels = "triton" if model_name == MODELS[0] and engine_client == "inproc" else "torch"
-    check_backend_parity(model_name, "triton_flash", kernels, engine_client, reference)
+    check_backend_parity(model_name, "triton_flash", "torch", engine_client, reference)
+
+
+@pytest.mark.slow
+def test_triton_flash_with_triton_ops_matches(model_name, reference):
+    """kernels=triton (norms, rotary) as well: every op of the run in Triton's interpreter.
+    `-m slow` (~5 CPU-s): TritonOps vs TorchOps is checked on every GQA preset in
+    tests/kernels/test_ops_wiring.py, and the engine run above differs from this one only in
+    the ops it calls."""
+    check_backend_parity(model_name, "triton_flash", "triton", "inproc", reference)
 
 
 def test_triton_flash_refuses_bf16_without_cuda():

@@ -3,7 +3,7 @@ attention=torch and of transformers, for tiny DeepSeek-V2 (with q_lora), V2-Lite
 in one run that forces chunked prefill (a 16-token budget: mixed prefill + decode steps go
 through both paths), prefix-cache hits (shared prefixes) and preemption (a tiny cache), with
 decode splits forced so the LSE merge runs. `kernels=triton` also puts norms, rotary and the
-fused MoE through Triton (on the first model). The Triton run goes over both engine clients
+fused MoE through Triton (`-m slow`). The Triton run goes over both engine clients
 (inproc, and mp on the first model: the interpreter runs in the core process); the attention=torch and transformers
 references are computed once per model."""
 
@@ -23,16 +23,23 @@ model_name, reference = model_fixtures(MODELS, slow=tuple(MODELS[1:]))
 
 
 def test_triton_mla_matches_torch_and_transformers(model_name, reference, engine_client):
-    """mp (a core process) on the first model only. kernels=triton on the first model, inproc,
-    only: the interpreter runs every op (the ops
-    are the same in a core process, whose attention kernels run in the interpreter too), and
-    the Triton norms, rotary and fused MoE keep transformers' logits on V2 and V3 in
-    tests/models/test_deepseek.py::test_triton_ops_match_transformers."""
+    """mp (a core process) on the first model only: the interpreter runs the same kernels
+    there. The other ops are PyTorch's here (kernels=torch); the next test puts them through
+    Triton too."""
     if engine_client == "mp" and model_name != MODELS[0]:
         pytest.skip("the core process runs the same kernels: checked on the first model "
                     "(each mp run costs a process start in the suite's CPU budget)")
-    kernels = "triton" if model_name == MODELS[0] and engine_client == "inproc" else "torch"
-    check_backend_parity(model_name, "triton_mla", kernels, engine_client, reference)
+    check_backend_parity(model_name, "triton_mla", "torch", engine_client, reference)
+
+
+@pytest.mark.slow
+def test_triton_mla_with_triton_ops_matches(model_name, reference):
+    """kernels=triton (norms, rotary, the fused MoE) as well: every op of the run in Triton's
+    interpreter. `-m slow` (~15 CPU-s): the Triton norms, rotary and fused MoE keep
+    transformers' logits on V2 and V3 in
+    tests/models/test_deepseek.py::test_triton_ops_match_transformers, and the engine run above
+    differs from this one only in the ops it calls."""
+    check_backend_parity(model_name, "triton_mla", "triton", "inproc", reference)
 
 
 def test_backends_refuse_the_other_kind_naming_the_alternative():
