@@ -2,8 +2,9 @@
 written (wall time of the whole command, start-up included; preemptions and TTFT p50 per
 priority class from its summary.json), with the machine, its load average before each command,
 the date and the commit; and `python run.py` on a loaded machine (busy processes, 2x the cores,
-started a minute before so the load average shows them) against a quiet one: the engine time of
-the run (summary wall_time), each the median of --repeats.
+started a minute before so the load average shows them; in the run's own session, then in
+another one) against a quiet one: the engine time of the run (summary wall_time), each the
+median of --repeats.
 
     python -m lab.bench.readme_numbers                       # measure, write the results file
     python -m lab.bench.readme_numbers --write-readme        # ... and the README's table
@@ -18,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
+import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
 
@@ -76,9 +79,23 @@ def run_command(args: list[str]) -> dict:
             "threads": summary["setup"].get("threads")}
 
 
-def _spin() -> None:
-    while True:
-        pass
+#: a busy process that forks `n - 1` more: all of them in its process group (and session)
+SPIN = "import os\nfor _ in range({n} - 1):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass\n"
+
+
+@contextmanager
+def busy_processes(n: int, other_session: bool):
+    """`n` processes that spin, in their own process group: in this session (what a shell's
+    background jobs are), or in another one (what another terminal's, user's or service's work
+    is: with Linux's autogroup scheduling, each session's processes share one slice of the
+    CPUs, so a run gets the slice of its session, not 1 / (n + 1) of the cores)."""
+    kwargs = {"start_new_session": True} if other_session else {"process_group": 0}
+    leader = subprocess.Popen([sys.executable, "-c", SPIN.format(n=n)], **kwargs)
+    try:
+        yield leader.pid  # the process group's id
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
 
 
 def wait_for_quiet(below: float = 0.5, at_most_s: float = 150.0) -> float:
@@ -90,33 +107,37 @@ def wait_for_quiet(below: float = 0.5, at_most_s: float = 150.0) -> float:
     return load_average()
 
 
-def under_load(repeats: int, settle_s: float = 75.0) -> dict:
-    """`python run.py`'s engine time quiet, then beside 2 x cores - 1 busy processes (with the
-    run itself, a load of twice the cores; started settle_s before, so the 1-minute load
-    average the row reports has risen): with its default threads and
-    with one per core (torch's own default, what ran before), the median of `repeats` each."""
-    wait_for_quiet()
-    quiet = [run_command([]) for _ in range(repeats)]
+def loaded_runs(repeats: int, busy: int, other_session: bool, settle_s: float) -> dict:
+    """`python run.py` beside `busy` spinning processes (started settle_s before, so the
+    1-minute load average the row reports has risen), with its default threads and with one per
+    core (torch's own default, what ran before), interleaved `repeats` times."""
     cores = usable_cpu_cores()
-    busy = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(2 * cores - 1)]
-    for p in busy:
-        p.start()
-    try:
+    with busy_processes(busy, other_session):
         time.sleep(settle_s)
         loaded, per_core = [], []
         for _ in range(repeats):  # interleaved: the load is the same for both
             loaded.append(run_command([]))
             per_core.append(run_command([f"cpu_threads={cores}"]))
-    finally:
-        for p in busy:
-            p.terminate()
+    return {"loaded": loaded, "loaded_one_thread_per_core": per_core,
+            "loaded_engine_s": statistics.median(r["engine_s"] for r in loaded),
+            "loaded_per_core_engine_s": statistics.median(r["engine_s"] for r in per_core)}
+
+
+def under_load(repeats: int, settle_s: float = 75.0) -> dict:
+    """`python run.py`'s engine time quiet, then beside 2 x cores - 1 busy processes (with the
+    run itself, a load of twice the cores) in the run's own session, then in another session
+    (loaded_runs); the median of `repeats` runs each."""
+    wait_for_quiet()
+    quiet = [run_command([]) for _ in range(repeats)]
     q = statistics.median(r["engine_s"] for r in quiet)
-    lo = statistics.median(r["engine_s"] for r in loaded)
-    pc = statistics.median(r["engine_s"] for r in per_core)
-    return {"busy_processes": len(busy), "quiet": quiet, "loaded": loaded,
-            "loaded_one_thread_per_core": per_core, "quiet_engine_s": q, "loaded_engine_s": lo,
-            "ratio": round(lo / q, 2), "loaded_per_core_engine_s": pc,
-            "ratio_per_core": round(pc / q, 2)}
+    busy = 2 * usable_cpu_cores() - 1
+    out = {"busy_processes": busy, "quiet": quiet, "quiet_engine_s": q}
+    for key, other_session in (("same_session", False), ("other_session", True)):
+        runs = loaded_runs(repeats, busy, other_session, settle_s)
+        runs["ratio"] = round(runs["loaded_engine_s"] / q, 2)
+        runs["ratio_per_core"] = round(runs["loaded_per_core_engine_s"] / q, 2)
+        out[key] = runs
+    return out
 
 
 def render(results: dict) -> str:
@@ -136,18 +157,34 @@ def render(results: dict) -> str:
                      f"{ttft} s |")
     load = results.get("under_load")
     if load:
-        quiet = load["quiet"][0]
-        lines += ["", f"`python run.py` beside {load['busy_processes']} busy processes (with the "
-                  f"run, a load of twice the cores; load average "
-                  f"{load['loaded'][0]['load_before']:.1f} at its start): engine time "
-                  f"{load['loaded_engine_s']:.2f} s with {load['loaded'][0]['threads']} torch "
-                  f"thread(s) chosen from the busy cores, {load['ratio']:.2f}x the quiet machine's "
-                  f"{load['quiet_engine_s']:.2f} s ({quiet['threads']} thread(s), load average "
-                  f"{quiet['load_before']:.2f}); with one thread per core "
-                  f"{load['loaded_per_core_engine_s']:.2f} s, {load['ratio_per_core']:.2f}x "
-                  f"(medians of {len(load['quiet'])} runs each)."]
+        lines += ["", *load_lines(load)]
     lines.append(END)
     return "\n".join(lines)
+
+
+WHERE = {"same_session": "in the run's own session (as a shell's background jobs: each "
+                         "process gets an equal share of the cores)",
+         "other_session": "in another session (as another terminal's or user's work: Linux's "
+                          "autogroup gives each session an equal share)"}
+
+
+def load_lines(load: dict) -> list[str]:
+    """The loaded-machine sentences of the README's block: one per place the load ran."""
+    quiet = load["quiet"][0]
+    lines = [f"`python run.py` beside {load['busy_processes']} busy processes (with the run, a "
+             f"load of twice the cores), engine time against the quiet machine's "
+             f"{load['quiet_engine_s']:.2f} s ({quiet['threads']} thread(s), load average "
+             f"{quiet['load_before']:.2f}; medians of {len(load['quiet'])} runs each):", ""]
+    # files before 2026-12-06's second run measured the run's own session only, at top level
+    runs = {k: load[k] for k in WHERE if k in load} or {"same_session": load}
+    for key, r in runs.items():
+        where = WHERE[key]
+        lines.append(f"- load {where}, load average {r['loaded'][0]['load_before']:.1f} at the "
+                     f"run's start: {r['loaded_engine_s']:.2f} s with "
+                     f"{r['loaded'][0]['threads']} torch thread(s) chosen from the busy cores, "
+                     f"**{r['ratio']:.2f}x**; with one thread per core "
+                     f"{r['loaded_per_core_engine_s']:.2f} s, {r['ratio_per_core']:.2f}x")
+    return lines
 
 
 def write_readme(block: str) -> None:
