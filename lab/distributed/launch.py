@@ -21,6 +21,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import socket
 import threading
 import traceback
@@ -37,19 +38,28 @@ PRELOAD = ["torch", "transformers.activations", "transformers.models.auto.config
            "lab.engine.builder", "lab.engine.core_proc"]
 
 
-def watch_parent() -> None:
+def watch_parent(leftovers: tuple[str, ...] = ()) -> None:
     """End this process as soon as the process that started it is gone (killed, crashed, or
     stopped without shutting its children down): an engine-core process or a rank that nobody
-    can reach must not linger."""
+    can reach must not linger. `leftovers`: directories the parent made for this process (its
+    IPC sockets, `ipc_dirs`), removed first: a parent that was killed never ran its cleanup."""
     parent = multiprocessing.parent_process()
     if parent is None:
         return
 
     def watch() -> None:
         multiprocessing.connection.wait([parent.sentinel])
+        for path in leftovers:
+            shutil.rmtree(path, ignore_errors=True)  # gone already after a normal shutdown
         os._exit(0)  # nothing to flush: the only reader of our outputs is gone
 
     threading.Thread(target=watch, name="lab-parent-watch", daemon=True).start()
+
+
+def ipc_dirs(*addresses: str) -> tuple[str, ...]:
+    """The directories of the `ipc://` addresses among `addresses` (ZeroMQ's Unix sockets)."""
+    dirs = {os.path.dirname(a.removeprefix("ipc://")) for a in addresses if a.startswith("ipc://")}
+    return tuple(sorted(dirs))
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -26,7 +26,8 @@ EngineCoreOutputs with `error` set; the loop serves on. A UTILITY frame runs one
 `EngineCore.UTILITIES` between steps (e.g. "status": requests and KV blocks in use) and sends
 its result as an EngineCoreOutputs with `utility` set. The process ignores SIGINT (Ctrl-C is
 the frontend's to handle: it aborts its requests), stops on SHUTDOWN, and exits at once when the
-frontend's process is gone however it ended (watch_parent); if the core dies, the frontend
+frontend's process is gone however it ended (watch_parent, removing the frontend's IPC
+directory, which a killed frontend leaves behind); if the core dies, the frontend
 notices (MPClient) and fails its callers.
 """
 
@@ -53,7 +54,7 @@ from lab.core.protocol import (
     UtilityResult,
 )
 from lab.core.request import RequestStatus
-from lab.distributed.launch import adopt_environ, watch_parent
+from lab.distributed.launch import adopt_environ, ipc_dirs, watch_parent
 from lab.engine.core import EngineCore
 from lab.engine.serial import MessageCodec
 
@@ -111,7 +112,7 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready,
         return
     ready.send(("ready", info))
     ready.close()
-    watch_parent()
+    watch_parent(ipc_dirs(input_addr, output_addr))  # the frontend's IPC directory
     code = 0
     try:
         EngineCoreProc(core, input_addr, output_addr, heartbeat_s).run()

@@ -48,7 +48,13 @@ import zmq
 
 from lab.config.worker import WorkerConfig
 from lab.core.step import ModelRunnerOutput, SchedulerOutput
-from lab.distributed.launch import adopt_environ, mp_context, tcp_init_method, watch_parent
+from lab.distributed.launch import (
+    adopt_environ,
+    ipc_dirs,
+    mp_context,
+    tcp_init_method,
+    watch_parent,
+)
 from lab.executor.base import call_worker
 from lab.executor.distributed import (
     POLL_S,
@@ -68,7 +74,7 @@ def worker_main(config: WorkerConfig, rank: int, init_method: str, input_addr: s
     SHUTDOWN; exit at once (skipping the interpreter's teardown) when done or orphaned."""
     adopt_environ(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
-    watch_parent()
+    watch_parent(ipc_dirs(input_addr, output_addr))  # the engine's IPC directory
     ctx = zmq.Context()
     inputs, outputs = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     inputs.connect(input_addr)

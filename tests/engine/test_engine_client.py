@@ -180,12 +180,16 @@ if __name__ == "__main__":
 
 def test_a_killed_frontend_leaves_no_core_process(tmp_path):
     """SIGKILL the frontend (no atexit, no shutdown): its core process ends within seconds
-    instead of waiting forever on a socket nobody writes (before: orphans, parent pid 1)."""
+    instead of waiting forever on a socket nobody writes (before: orphans, parent pid 1), and
+    removes the IPC directory the frontend made for their sockets (before: one left in the
+    temporary directory per killed frontend)."""
     import signal
 
-    front = start_script(tmp_path / "frontend.py", FRONTEND)
+    tmp = tmp_path / "tmp"
+    front = start_script(tmp_path / "frontend.py", FRONTEND, tmpdir=tmp)
     try:
         core_pid = int(front.stdout.readline())
+        assert len(list(tmp.glob("lab-core-*"))) == 1
         helpers = children_of(front.pid)  # multiprocessing's fork server and resource tracker
         os.kill(front.pid, signal.SIGKILL)
         front.wait(WAIT_S)
@@ -194,6 +198,7 @@ def test_a_killed_frontend_leaves_no_core_process(tmp_path):
             time.sleep(0.05)
         assert not _alive(core_pid)
         assert not any(map(_alive, helpers))
+        assert list(tmp.glob("lab-core-*")) == []
     finally:
         front.kill()
 

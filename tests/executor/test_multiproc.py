@@ -152,13 +152,17 @@ if __name__ == "__main__":
 
 def test_a_killed_engine_process_leaves_no_rank(tmp_path):
     """SIGKILL the engine's process (no atexit, no shutdown): its ranks end within seconds
-    (each watches the process that started it) instead of lingering as orphans."""
-    engine = start_script(tmp_path / "engine.py", ENGINE_SCRIPT)
+    (each watches the process that started it) instead of lingering as orphans, and remove the
+    IPC directory the engine made for their sockets (before: left in the temporary directory)."""
+    tmp = tmp_path / "tmp"
+    engine = start_script(tmp_path / "engine.py", ENGINE_SCRIPT, tmpdir=tmp)
     try:
         pids = [int(p) for p in engine.stdout.readline().split(",")]
         assert len(pids) == 2
+        assert len(list(tmp.glob("lab-ranks-*"))) == 1
         os.kill(engine.pid, signal.SIGKILL)
         engine.wait(10)
         assert wait_gone(pids) == []
+        assert list(tmp.glob("lab-ranks-*")) == []
     finally:
         engine.kill()
