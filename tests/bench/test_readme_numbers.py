@@ -89,4 +89,7 @@ def test_the_busy_processes_share_one_session_and_go_away(other_session):
         sessions = {sid for _, sid in members}
         assert len(sessions) == 1
         assert (sessions.pop() != os.getsid(0)) == other_session
+    deadline = time.monotonic() + 30  # SIGKILLed: each ends once the kernel runs it
+    while _group(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert _group(pgid) == []
