@@ -41,8 +41,9 @@ PRELOAD = ["torch", "transformers.activations", "transformers.models.auto.config
 def watch_parent(leftovers: tuple[str, ...] = ()) -> None:
     """End this process as soon as the process that started it is gone (killed, crashed, or
     stopped without shutting its children down): an engine-core process or a rank that nobody
-    can reach must not linger. `leftovers`: directories the parent made for this process (its
-    IPC sockets, `ipc_dirs`), removed first: a parent that was killed never ran its cleanup."""
+    can reach must not linger. `leftovers`: directories the parent made for this process and
+    named to it (its IPC sockets' mkdtemp), removed first: a parent that was killed never ran
+    its cleanup."""
     parent = multiprocessing.parent_process()
     if parent is None:
         return
@@ -54,12 +55,6 @@ def watch_parent(leftovers: tuple[str, ...] = ()) -> None:
         os._exit(0)  # nothing to flush: the only reader of our outputs is gone
 
     threading.Thread(target=watch, name="lab-parent-watch", daemon=True).start()
-
-
-def ipc_dirs(*addresses: str) -> tuple[str, ...]:
-    """The directories of the `ipc://` addresses among `addresses` (ZeroMQ's Unix sockets)."""
-    dirs = {os.path.dirname(a.removeprefix("ipc://")) for a in addresses if a.startswith("ipc://")}
-    return tuple(sorted(dirs))
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -122,7 +122,7 @@ class MPClient:
         self.proc = ctx.Process(
             target=run_engine_core, name="lab-engine-core", daemon=True,
             args=(OmegaConf.to_container(cfg, resolve=False), input_addr, output_addr, child_end,
-                  heartbeat_interval(self.timeout_s), dict(os.environ)))
+                  heartbeat_interval(self.timeout_s), dict(os.environ), self._dir))
         self.proc.start()
         child_end.close()
         return self._wait_ready(ready)

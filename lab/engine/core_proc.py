@@ -54,7 +54,7 @@ from lab.core.protocol import (
     UtilityResult,
 )
 from lab.core.request import RequestStatus
-from lab.distributed.launch import adopt_environ, ipc_dirs, watch_parent
+from lab.distributed.launch import adopt_environ, watch_parent
 from lab.engine.core import EngineCore
 from lab.engine.serial import MessageCodec
 
@@ -94,11 +94,13 @@ def refusal(request_id: str, reason: str) -> EngineCoreOutputs:
 
 
 def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready,
-                    heartbeat_s: float | None = None, env: dict[str, str] | None = None) -> None:
+                    heartbeat_s: float | None = None, env: dict[str, str] | None = None,
+                    ipc_dir: str | None = None) -> None:
     """Process entry: build the core from the composed config, report ready (or the error)
     through the `ready` pipe, then serve until SHUTDOWN (heartbeats every `heartbeat_s`; None:
     none) and exit at once: code 0, or EXIT_FAULT after a fault. `env`: the frontend's
-    environment variables (a fork server's child starts with the server's)."""
+    environment variables (a fork server's child starts with the server's). `ipc_dir`: the
+    directory the frontend made for the two sockets, removed here if the frontend dies."""
     adopt_environ(env or {})
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from lab.engine.builder import build_core, set_cpu_threads
@@ -112,7 +114,7 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready,
         return
     ready.send(("ready", info))
     ready.close()
-    watch_parent(ipc_dirs(input_addr, output_addr))  # the frontend's IPC directory
+    watch_parent((ipc_dir,) if ipc_dir else ())
     code = 0
     try:
         EngineCoreProc(core, input_addr, output_addr, heartbeat_s).run()

@@ -48,13 +48,7 @@ import zmq
 
 from lab.config.worker import WorkerConfig
 from lab.core.step import ModelRunnerOutput, SchedulerOutput
-from lab.distributed.launch import (
-    adopt_environ,
-    ipc_dirs,
-    mp_context,
-    tcp_init_method,
-    watch_parent,
-)
+from lab.distributed.launch import adopt_environ, mp_context, tcp_init_method, watch_parent
 from lab.executor.base import call_worker
 from lab.executor.distributed import (
     POLL_S,
@@ -69,12 +63,13 @@ SHUTDOWN = b"shutdown"
 
 
 def worker_main(config: WorkerConfig, rank: int, init_method: str, input_addr: str,
-                output_addr: str, env: dict[str, str]) -> None:
+                output_addr: str, env: dict[str, str], ipc_dir: str) -> None:
     """A rank's process: build its Worker, report ready (or the error), then run calls until
-    SHUTDOWN; exit at once (skipping the interpreter's teardown) when done or orphaned."""
+    SHUTDOWN; exit at once (skipping the interpreter's teardown) when done or orphaned, then
+    removing `ipc_dir`, the directory the engine made for the sockets."""
     adopt_environ(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
-    watch_parent(ipc_dirs(input_addr, output_addr))  # the engine's IPC directory
+    watch_parent((ipc_dir,))
     ctx = zmq.Context()
     inputs, outputs = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     inputs.connect(input_addr)
@@ -158,7 +153,7 @@ class RankProcesses:
                 sock.bind(f"ipc://{self.dir}/in-{rank}")
                 proc = ctx.Process(target=worker_main, name=f"lab-worker-{rank}", daemon=True,
                                    args=(config, rank, init_method, f"ipc://{self.dir}/in-{rank}",
-                                         f"ipc://{self.dir}/out", dict(os.environ)))
+                                         f"ipc://{self.dir}/out", dict(os.environ), self.dir))
                 proc.start()
                 self.inputs.append(sock)
                 self.procs.append(proc)
