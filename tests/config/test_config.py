@@ -1,8 +1,6 @@
 """Every option of every config group composes and instantiates; bad options list the choices."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,6 +20,7 @@ from lab.config.validate import validate_knobs
 from lab.logits_processors.base import LogitsProcessor, LogitsProcessorContext
 from lab.metrics.base import StatLogger
 from tests.options import options
+from tests.procs import run_python
 from tests.waits import WAIT_S
 
 LISTS = ("logger", "logits_processors")  # the multi-choice groups
@@ -75,9 +74,8 @@ def test_unknown_option_lists_choices():
 
 
 def test_unknown_option_on_the_command_line_prints_choices(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "run.py", "scheduler=nope", f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, cwd=CONF_DIR.parents[1], timeout=WAIT_S)
+    proc = run_python(["run.py", "scheduler=nope", f"hydra.run.dir={tmp_path}"],
+                      cwd=CONF_DIR.parents[1], timeout=WAIT_S)
     assert proc.returncode == 2  # one line, before Hydra (whose own error is its search path)
     assert "scheduler=nope is not an option of scheduler: " in proc.stderr
     assert "fcfs" in proc.stderr and "Traceback" not in proc.stderr

@@ -4,7 +4,6 @@ the warm-up's steps; and a failed run marked as failed."""
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,13 @@ import pytest
 from lab import run
 from lab.config.compose import load_run_config
 from lab.config.validate import validate_config
+from tests.procs import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "run.py", *overrides, f"hydra.run.dir={tmp_path}"]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    return run_python(["run.py", *overrides, f"hydra.run.dir={tmp_path}"], cwd=REPO)
 
 
 def test_a_run_records_every_choice_and_ttft_by_priority(tmp_path):

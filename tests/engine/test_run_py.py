@@ -8,11 +8,14 @@ from pathlib import Path
 import yaml
 
 from lab.models.tiny import preset
+from tests.procs import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_run_py_writes_statistics(tmp_path):
+    # a fresh interpreter, as a user's `python run.py` (the other run.py tests fork one that
+    # imported torch: tests/procs.py run_python)
     cmd = [sys.executable, "run.py", "workload.num_requests=12", "num_gpu_blocks=56",
            "block_size=4", "max_num_batched_tokens=64", f"hydra.run.dir={tmp_path}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -48,13 +51,13 @@ def test_run_py_design_card_command_on_the_embedded_deepseek(tmp_path):
     on CPU; fp8 linears and 8-bit experts through the torch references), swapping under
     pressure."""
     # Short requests (Triton's interpreter runs every step) and a cache that holds ~2 of them.
-    cmd = [sys.executable, "run.py", "attention=triton_mla", "scheduler=priority",
+    cmd = ["run.py", "attention=triton_mla", "scheduler=priority",
            "preemption=swap", "quant=fp8", "workload.num_requests=8", "workload.num_priorities=2",
            "workload.arrival=poisson", "workload.rate=100",
            "workload.prompt_len={dist: uniform, min: 12, max: 40}",
            "workload.output_len={dist: uniform, min: 4, max: 12}", "workload.prefix_len=8",
            "num_gpu_blocks=24", "block_size=4", "logger=[jsonl]", f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = run_python(cmd, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert config["model"]["name"] == "tiny_deepseek"

@@ -3,19 +3,18 @@ sweep varied and each job's numbers, printed and written beside the jobs."""
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from lab.metrics.multirun import job_rows
+from tests.procs import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_multirun_prints_and_writes_the_comparison(tmp_path):
-    cmd = [sys.executable, "run.py", "-m", "workload.num_requests=3", "num_gpu_blocks=24,48",
+    cmd = ["run.py", "-m", "workload.num_requests=3", "num_gpu_blocks=24,48",
            "block_size=4", "logger=[jsonl]", f"hydra.sweep.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = run_python(cmd, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "multirun: jobs compared" in proc.stdout
     rows = list(csv.DictReader(open(tmp_path / "comparison.csv")))

@@ -3,13 +3,12 @@ two offline W&B runs, each with its own config, the group choices as tags, one s
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.metrics.wandb_reader import find_run_file, read_run
+from tests.procs import run_python
 
 pytest.importorskip("wandb")
 REPO = Path(__file__).resolve().parents[2]
@@ -17,13 +16,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_multirun_two_jobs_two_offline_runs(tmp_path):
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "run.py", "-m", "num_gpu_blocks=48,96", "scheduler=fcfs",
+    cmd = ["run.py", "-m", "num_gpu_blocks=48,96", "scheduler=fcfs",
            "workload.num_requests=4", "workload.arrival=batch", "workload.output_len.max=20",
            "block_size=4", "max_num_batched_tokens=64", "logger=[jsonl,wandb]",
            "logger.wandb.console=off", f"hydra.sweep.dir={sweep}"]
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     env.pop("WANDB_API_KEY", None)
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    proc = run_python(cmd, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
     assert [j.name for j in jobs] == ["0", "1"]

@@ -1,8 +1,6 @@
 """`python -m lab.plots`: non-empty PNGs from run directories (the scripted workload's files)."""
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +12,7 @@ from lab.metrics import JsonlLogger
 from lab.plots import load_runs
 from lab.plots.figures import bin_steps
 from tests.metrics.scripted import run_script
+from tests.procs import run_python
 from tests.waits import WAIT_S
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,8 +38,8 @@ def sweep(tmp_path_factory):
 
 def test_plot_command_writes_pngs(sweep, tmp_path):
     out = tmp_path / "plots"
-    proc = subprocess.run([sys.executable, "-m", "lab.plots", str(sweep), "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=WAIT_S)
+    proc = run_python(["-m", "lab.plots", str(sweep), "--out", str(out)], cwd=REPO,
+                      timeout=WAIT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     names = sorted(p.name for p in out.glob("*.png"))
     assert names == ["latency_cdf.png", "throughput_goodput.png",

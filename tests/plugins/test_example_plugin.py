@@ -6,8 +6,6 @@ reading extra_args, its step-time model, its model preset and its knob."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -16,6 +14,7 @@ from lab.config.listing import main as list_knobs
 from lab.config.plugins import group_options, installed_plugins
 from lab.config.validate import check_command_line
 from tests.kv import SMALL_KV
+from tests.procs import run_python
 from tests.waits import WAIT_S
 
 INSTALLED = any(p.name == "example" for p in installed_plugins())
@@ -51,9 +50,10 @@ RUNS = {  # every option the plug-in adds, through `lab run`
 def test_lab_run_runs_every_option_from_outside_the_repo(tmp_path, run):
     """`lab run` (run.py's job, as an installed lab has it) in a directory outside the
     repository: the plug-in is found through its entry point alone."""
-    cmd = [sys.executable, "-m", "lab.cli", "run", *RUNS[run], "logger=[jsonl]",
+    cmd = ["-m", "lab.cli", "run", *RUNS[run], "logger=[jsonl]",
            "hydra.run.dir=run"]
-    subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, text=True, timeout=300)
+    proc = run_python(cmd, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "run"
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "finished"
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from lab.core.sampling_params import SamplingParams
 from lab.engine.llm import LLM
 from lab.layers.linear import Linear
 from tests.options import build, options
+from tests.procs import run_python
 from tests.quant.conftest import load, logits_of, tiny
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,10 +117,10 @@ def test_deepseek_engine_with_8bit_experts():
 
 
 def test_run_py_with_quant(tmp_path):
-    cmd = [sys.executable, "run.py", "quant=w4a16", "quant.group_size=32", "kernels=torch",
+    cmd = ["run.py", "quant=w4a16", "quant.group_size=32", "kernels=torch",
            "workload.num_requests=4", "num_gpu_blocks=64", "logger=[console,jsonl]",
            f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = run_python(cmd, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     assert "model weights:" in out and "quant=w4a16" in out

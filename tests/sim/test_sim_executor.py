@@ -2,8 +2,6 @@
 and on config-only directories of real models; outputs end by max_tokens on a virtual clock."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,7 @@ from lab import LLM, SamplingParams
 from lab.clock import VirtualClock
 from lab.executor.sim import SimExecutor
 from lab.sim.configs import write_configs
+from tests.procs import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 GiB = 2**30
@@ -83,10 +82,10 @@ def test_deepseek_v3_does_not_fit_one_simulated_h100(configs):
 
 
 def test_run_py_executor_sim(tmp_path):
-    cmd = [sys.executable, "run.py", "executor=sim", "sim/step_time=constant",
+    cmd = ["run.py", "executor=sim", "sim/step_time=constant",
            "sim.step_time.seconds=0.02", "workload.num_requests=24", "num_gpu_blocks=40",
            "logger=[jsonl]", f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = run_python(cmd, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["num_requests"] == 24 and summary["num_finished"] == {"length": 24}
@@ -98,10 +97,10 @@ def test_run_py_executor_sim(tmp_path):
 
 
 def test_run_py_executor_sim_on_a_config_only_model(tmp_path, configs):
-    cmd = [sys.executable, "run.py", "executor=sim", "model=hf",
+    cmd = ["run.py", "executor=sim", "model=hf",
            f"model.path={configs['llama3_8b']}", "sim.device=h200", "workload=poisson",
            "workload.num_requests=40", "logger=[jsonl]", f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = run_python(cmd, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["num_finished"] == {"length": 40}

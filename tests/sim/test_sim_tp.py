@@ -5,8 +5,6 @@ simulated runs whose steps are one rank's compute plus exactly the step's collec
 per-rank counts equal the loaded TP=2 tiny models': tests/models/test_tp_models.py.)"""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +25,7 @@ from lab.sim.configs import write_configs
 from lab.sim.device import DEVICES, DeviceSpec
 from lab.sim.model_shape import ModelShape
 from lab.sim.step_time import SimTarget, StepTimeModel
+from tests.procs import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 GiB = 2**30
@@ -221,10 +220,10 @@ def test_tiny_deepseek_with_expert_parallel_runs():
 
 
 def test_run_py_llama3_8b_tp2_plans_one_ranks_memory(tmp_path, configs):
-    cmd = [sys.executable, "run.py", "executor=sim", "model=hf",
+    cmd = ["run.py", "executor=sim", "model=hf",
            f"model.path={configs['llama3_8b']}", "tensor_parallel_size=2",
            "workload.num_requests=16", "logger=[jsonl]", f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = run_python(cmd, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["num_finished"] == {"length": 16}
