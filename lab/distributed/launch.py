@@ -13,7 +13,8 @@ forks each rank, and each engine-core process (lab/engine/client.py), from that 
 a process costs a fork instead of an interpreter start and those imports (~3 CPU-seconds), and
 none inherits the parent's threads or CUDA context (what makes a plain fork unsafe). A forked
 child starts with the environment the fork server started with: `adopt_environ` gives it its
-parent's, as a spawned child would have.
+parent's, as a spawned child would have. `start_uninterrupted` starts a child so that a stop
+signal cannot leave it running unknown to its parent.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import shutil
+import signal
 import socket
 import threading
 import traceback
@@ -55,6 +57,33 @@ def watch_parent(leftovers: tuple[str, ...] = ()) -> None:
         os._exit(0)  # nothing to flush: the only reader of our outputs is gone
 
     threading.Thread(target=watch, name="lab-parent-watch", daemon=True).start()
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def start_uninterrupted(proc: multiprocessing.process.BaseProcess) -> None:
+    """`proc.start()`, with SIGINT and SIGTERM that arrive meanwhile handled once it returned.
+    A start waits for the fork server's reply (seconds while the server first imports torch);
+    a KeyboardInterrupt raised there (Ctrl-C, or `lab serve`'s SIGTERM while loading) left the
+    child forked but `proc` without its handle, so the parent's cleanup could not stop it: it
+    built its engine unseen and died on the closed pipe. Python runs signal handlers in the
+    main thread only, so elsewhere this is a plain start."""
+    if threading.current_thread() is not threading.main_thread():
+        proc.start()
+        return
+    held: list[int] = []
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    deferred = [s for s, h in previous.items() if h is not None]  # None: not set from Python
+    for s in deferred:
+        signal.signal(s, lambda signum, _frame: held.append(signum))
+    try:
+        proc.start()
+    finally:
+        for s in deferred:
+            signal.signal(s, previous[s])
+        if held:
+            signal.raise_signal(held[0])  # now, to the handler the caller had
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -44,7 +44,7 @@ from lab.core.protocol import (
     UtilityResult,
 )
 from lab.core.request import FINISH_REASONS, RequestStatus
-from lab.distributed.launch import mp_context
+from lab.distributed.launch import mp_context, start_uninterrupted
 from lab.engine.core import EngineCore, EngineDeadError
 from lab.engine.core_proc import (
     ABORT,
@@ -123,7 +123,7 @@ class MPClient:
             target=run_engine_core, name="lab-engine-core", daemon=True,
             args=(OmegaConf.to_container(cfg, resolve=False), input_addr, output_addr, child_end,
                   heartbeat_interval(self.timeout_s), dict(os.environ), self._dir))
-        self.proc.start()
+        start_uninterrupted(self.proc)  # a stop signal now finds self.proc stoppable
         child_end.close()
         return self._wait_ready(ready)
 

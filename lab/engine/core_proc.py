@@ -93,6 +93,17 @@ def refusal(request_id: str, reason: str) -> EngineCoreOutputs:
                              error=f"request {request_id!r} refused: {reason}")
 
 
+def report(ready, message: tuple) -> bool:
+    """Send the start-up result to the frontend; False when it is no longer listening (it
+    stopped or died while this process started: nothing to serve, and no traceback to print
+    into the output we share with it)."""
+    try:
+        ready.send(message)
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    return True
+
+
 def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready,
                     heartbeat_s: float | None = None, env: dict[str, str] | None = None,
                     ipc_dir: str | None = None) -> None:
@@ -103,6 +114,7 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready,
     directory the frontend made for the two sockets, removed here if the frontend dies."""
     adopt_environ(env or {})
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    watch_parent((ipc_dir,) if ipc_dir else ())  # from the start: a frontend gone while we build
     from lab.engine.builder import build_core, set_cpu_threads
 
     try:
@@ -110,11 +122,12 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready,
         set_cpu_threads(config.cpu_threads, config.engine_client)
         core, info = build_core(config)
     except BaseException as e:  # noqa: BLE001 - reported to the frontend, which raises it
-        ready.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        report(ready, ("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         return
-    ready.send(("ready", info))
+    if not report(ready, ("ready", info)):
+        core.shutdown()
+        return
     ready.close()
-    watch_parent((ipc_dir,) if ipc_dir else ())
     code = 0
     try:
         EngineCoreProc(core, input_addr, output_addr, heartbeat_s).run()

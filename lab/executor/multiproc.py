@@ -48,7 +48,13 @@ import zmq
 
 from lab.config.worker import WorkerConfig
 from lab.core.step import ModelRunnerOutput, SchedulerOutput
-from lab.distributed.launch import adopt_environ, mp_context, tcp_init_method, watch_parent
+from lab.distributed.launch import (
+    adopt_environ,
+    mp_context,
+    start_uninterrupted,
+    tcp_init_method,
+    watch_parent,
+)
 from lab.executor.base import call_worker
 from lab.executor.distributed import (
     POLL_S,
@@ -147,16 +153,21 @@ class RankProcesses:
         self.inputs, self.procs = [], []
         ctx = mp_context(start_method)
         init_method = tcp_init_method()
-        with children_allowed():
-            for rank in range(config.parallel.world_size):
-                sock = self.ctx.socket(zmq.PUSH)
-                sock.bind(f"ipc://{self.dir}/in-{rank}")
-                proc = ctx.Process(target=worker_main, name=f"lab-worker-{rank}", daemon=True,
-                                   args=(config, rank, init_method, f"ipc://{self.dir}/in-{rank}",
-                                         f"ipc://{self.dir}/out", dict(os.environ), self.dir))
-                proc.start()
-                self.inputs.append(sock)
-                self.procs.append(proc)
+        try:
+            with children_allowed():
+                for rank in range(config.parallel.world_size):
+                    sock = self.ctx.socket(zmq.PUSH)
+                    self.inputs.append(sock)
+                    sock.bind(f"ipc://{self.dir}/in-{rank}")
+                    proc = ctx.Process(
+                        target=worker_main, name=f"lab-worker-{rank}", daemon=True,
+                        args=(config, rank, init_method, f"ipc://{self.dir}/in-{rank}",
+                              f"ipc://{self.dir}/out", dict(os.environ), self.dir))
+                    self.procs.append(proc)
+                    start_uninterrupted(proc)
+        except BaseException:  # a start that failed, or Ctrl-C / SIGTERM: no rank left behind
+            self.kill()
+            raise
 
     @property
     def pids(self) -> list[int]:
@@ -186,16 +197,20 @@ class RankProcesses:
             with contextlib.suppress(zmq.ZMQError):
                 sock.send(SHUTDOWN, flags=zmq.NOBLOCK)
         deadline = time.monotonic() + grace_s
-        for proc in self.procs:
+        for proc in self.started():
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
         self.kill()
 
+    def started(self) -> list[multiprocessing.process.BaseProcess]:
+        """The rank processes that started (a start can fail or be interrupted)."""
+        return [p for p in self.procs if p.pid is not None]
+
     def kill(self) -> None:
         """SIGKILL every rank still alive, then release the sockets (idempotent)."""
-        for proc in self.procs:
+        for proc in self.started():
             if proc.is_alive():
                 proc.kill()
-        for proc in self.procs:
+        for proc in self.started():
             proc.join(timeout=5)
         for sock in [*self.inputs, self.output]:
             sock.close(linger=0)
