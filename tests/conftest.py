@@ -1,5 +1,7 @@
-"""Shared test set-up: one CPU thread per process, hypothesis profiles, the `gpu` marker's skip."""
+"""Shared test set-up: one CPU thread per process, hypothesis profiles, the `gpu` marker's skip,
+the GC's view of the heap."""
 
+import gc
 import os
 
 # The tests run tiny models and Triton's interpreter: intra-op threads buy nothing there, and on
@@ -44,11 +46,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    """What the collection imported (torch, transformers, lab, the test modules: ~350k objects
+    the cyclic GC tracks) lives as long as the process: moved out of the GC's sight once, so the
+    suite's automatic full collections walk only what the tests make. An engine's shutdown
+    would hand them back (lab.engine.core.unfreeze_gc_heap): the fixture below stops that."""
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True)
 def _no_gc_freeze_in_process(request, monkeypatch):
     """In-process engines skip build_core's freeze_gc_heap (its full collection walks every
     object torch, transformers and the earlier tests left: ~0.15 s a start, ~400 starts in the
-    suite). Core processes (engine_client=mp, lab serve) still freeze their own heaps, and
-    tests marked `gc_freeze` (tests/engine/test_gc_freeze.py) check the in-process freeze."""
-    if "gc_freeze" not in request.keywords:
+    suite) and keep the collection-time freeze above at their shutdown. Core processes
+    (engine_client=mp, lab serve) still freeze their own heaps, and tests marked `gc_freeze`
+    (tests/engine/test_gc_freeze.py) check the in-process freeze, then freeze again."""
+    marked = "gc_freeze" in request.keywords
+    if not marked:
         monkeypatch.setattr("lab.engine.builder.freeze_gc_heap", lambda: None)
+        monkeypatch.setattr("lab.engine.core.unfreeze_gc_heap", lambda: None)
+    yield
+    if marked:  # its engines unfroze the heap at their shutdown
+        gc.collect()
+        gc.freeze()
