@@ -158,15 +158,19 @@ class RankPool:
         ctx = mp_context(start_method)
         init_method = tcp_init_method()
         self.conns, self.procs = [], []
-        for rank in range(world_size):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_rank_main,
-                               args=(config, rank, init_method, device, child, dict(os.environ)),
-                               name=f"lab-rank-{rank}", daemon=True)
-            proc.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(proc)
+        try:
+            for rank in range(world_size):
+                parent, child = ctx.Pipe()
+                self.conns.append(parent)
+                proc = ctx.Process(target=_rank_main, name=f"lab-rank-{rank}", daemon=True,
+                                   args=(config, rank, init_method, device, child,
+                                         dict(os.environ)))
+                self.procs.append(proc)
+                start_uninterrupted(proc)
+                child.close()
+        except BaseException:  # a start that failed, or Ctrl-C: no rank left behind
+            self.close()
+            raise
         self._collect()  # every rank joined (or the error of the first that could not)
 
     def run(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
@@ -210,6 +214,8 @@ class RankPool:
             except (OSError, BrokenPipeError):
                 pass
         for proc in self.procs:
+            if proc.pid is None:  # its start failed or was interrupted
+                continue
             proc.join(timeout=5)
             if proc.is_alive():
                 proc.kill()
