@@ -34,10 +34,11 @@ START_METHODS = ("forkserver", "spawn", "fork")
 #: what the fork server imports before it forks anything: one list for ranks and engine-core
 #: processes alike, since a process has one fork server and its first start decides the imports.
 #: transformers' config modules load its activations (and, in transformers 5, torch.distributed
-#: and sympy) on first use: ~1 CPU-second a child would otherwise pay
+#: and sympy) on first use: ~1 CPU-second a child would otherwise pay. The last entry freezes
+#: what the others imported out of the children's garbage collections (its docstring)
 PRELOAD = ["torch", "transformers.activations", "transformers.models.auto.configuration_auto",
            "lab.distributed.parallel_state", "lab.worker.worker", "lab.executor.multiproc",
-           "lab.engine.builder", "lab.engine.core_proc"]
+           "lab.engine.builder", "lab.engine.core_proc", "lab.distributed.fork_server_gc"]
 
 
 def watch_parent(leftovers: tuple[str, ...] = ()) -> None:
