@@ -75,6 +75,15 @@ def test_an_unsupported_type_is_refused_at_declaration():
         knobs_of(Bad)
 
 
+def test_a_declaration_is_read_once_and_each_caller_gets_its_own_list():
+    """knobs_of keeps what it read of a class (validation asks once per config key); a caller
+    that changes the list it got changes nobody else's."""
+    first = knobs_of(Example)
+    first.clear()
+    assert [k.name for k in knobs_of(Example)] == list(KNOBS)
+    assert knobs_of(Example)[0] is KNOBS[next(iter(KNOBS))]  # the same Knob, not read again
+
+
 def test_the_readme_table_is_the_generated_one():
     text = README.read_text()
     assert README_BEGIN in text and README_END in text
