@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lab import LLM, SamplingParams
-from lab.compile import CompileOptions, compile_model
+from lab.compile import CompileOptions, compile_model, compiler
 from lab.models.tiny import ensure_tiny_model
 from tests.kv import SMALL_KV
 
@@ -23,6 +23,12 @@ BASE = dict(dtype="float32", device="cpu", block_size=8, **SMALL_KV)
 # all admitted in one step (prefill, T = 38), then decode batches of 4, 3, 2 and 1 request
 PROMPT_LENS = (5, 12, 1, 20)
 MAX_TOKENS = (3, 5, 7, 9)
+
+
+# isolate_recompiles=False is the fallback of a torch without it (2.11, the GPU image): where
+# torch has it, that path is not the one an engine takes, and its checks take -m slow
+ISOLATE = [True, False] if not compiler.can_isolate_recompiles() else [
+    True, pytest.param(False, marks=pytest.mark.slow)]
 
 
 def prompts() -> list[list[int]]:
@@ -87,14 +93,12 @@ def test_traced_forward_matches_eager_and_hf(model_name, attention):
     assert compiled.num_compiles == 1
 
 
-@pytest.mark.parametrize("isolate", [True, False])
+@pytest.mark.parametrize("isolate", ISOLATE)
 def test_steps_above_the_split_run_the_second_graph(monkeypatch, isolate):
     """CompileOptions.large_steps_from: the prefill (14 tokens: the eager run left the prompts'
     full blocks in the prefix cache) runs the second graph, the decode batches the first; each compiles once, on its first step, with its own size hint,
     and the ids stay the eager engine's (aot_eager, no codegen), with and without
     isolate_recompiles."""
-    from lab.compile import compiler
-
     if isolate and not compiler.can_isolate_recompiles():
         pytest.skip(f"torch {torch.__version__} has no isolate_recompiles")
     monkeypatch.setattr(compiler, "can_isolate_recompiles", lambda: isolate)
@@ -116,15 +120,13 @@ def test_steps_above_the_split_run_the_second_graph(monkeypatch, isolate):
     assert [g.compiled for g in compiled.graphs] == [True, True]
 
 
-@pytest.mark.parametrize("isolate", [True, False])
+@pytest.mark.parametrize("isolate", ISOLATE)
 def test_two_compiled_models_in_one_process_keep_their_own_graphs(monkeypatch, isolate):
     """Every guard is skipped, so a compiled entry found for a code object serves any call:
     two models compiled in one process must not share one. torch 2.13 keeps them apart with
     isolate_recompiles; without it (torch 2.11, the GPU image) each CompiledForward traces a
     copy of its function with a code object of its own. Both ways, each model compiles once
     under a recompile limit of 1 and keeps its own ids."""
-    from lab.compile import compiler
-
     if isolate and not compiler.can_isolate_recompiles():
         pytest.skip(f"torch {torch.__version__} has no isolate_recompiles")
     monkeypatch.setattr(compiler, "can_isolate_recompiles", lambda: isolate)

@@ -55,14 +55,18 @@ def test_pair_under_memory_pressure(scheduler, preemption, reference):
         assert kv.swap_space.num_used_blocks == 0
 
 
-def test_swap_through_the_triton_copy_kernel_with_a_full_swap_space(reference):
-    """kernels=triton moves blocks with the Triton block-copy kernel; a swap space of 3 blocks
-    cannot hold every victim, so some are recomputed instead (counted), and tokens stay exact."""
+# kernels=triton runs every op of the model in Triton's interpreter (~9 CPU-s here); the block
+# copy it adds is checked against its reference in tests/kernels/test_kernel_copy_blocks.py
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
+def test_swap_through_the_kernels_copy_with_a_full_swap_space(reference, kernels):
+    """The kernels option's block copy moves the blocks (kernels=triton: the Triton block-copy
+    kernel); a swap space of 3 blocks cannot hold every victim, so some are recomputed instead
+    (counted), and tokens stay exact."""
     prompts, priorities = _workload()
-    llm = LLM("tiny_llama", preemption="swap", kernels="triton", num_gpu_blocks=16,
+    llm = LLM("tiny_llama", preemption="swap", kernels=kernels, num_gpu_blocks=16,
               block_size=4, max_model_len=44)
     three_blocks = 3 * llm.engine.scheduler.kv.bytes_per_block / 2**30
-    llm = LLM("tiny_llama", preemption="swap", kernels="triton", num_gpu_blocks=16,
+    llm = LLM("tiny_llama", preemption="swap", kernels=kernels, num_gpu_blocks=16,
               block_size=4, max_model_len=44, **{"cache.swap_space_gb": three_blocks})
     outs = llm.generate(prompts, SP, priority=priorities)
     assert [o.outputs[0].token_ids for o in outs] == reference

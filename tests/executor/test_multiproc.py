@@ -36,12 +36,12 @@ from tests.executor.tp_utils import (
 from tests.kv import SMALL_KV
 from tests.procs import start_script
 
-# the default suite: tiny_llama, tiny_deepseek (MLA, MoE) and tiny_gpt_oss (a hybrid KV cache,
-# sinks); the other presets' TP=2 logits equal TP=1's in tests/models/test_tp_models.py, and
-# their engine runs here take -m slow
+# the default suite: tiny_llama and tiny_deepseek (MLA, MoE split over the ranks); every
+# preset's TP=2 logits equal TP=1's in tests/models/test_tp_models.py, and the other engine runs
+# here (tiny_gpt_oss: a hybrid KV cache and sinks on each rank) take -m slow
 MODELS = ["tiny_llama", *(pytest.param(m, marks=pytest.mark.slow)
                           for m in ("tiny_qwen3", "tiny_qwen2", "tiny_llama_mqa")),
-          "tiny_deepseek", "tiny_gpt_oss"]
+          "tiny_deepseek", pytest.param("tiny_gpt_oss", marks=pytest.mark.slow)]
 MULTIPROC = TP2 | dict(executor="multiproc")
 
 
@@ -70,8 +70,9 @@ def test_tp2_greedy_equals_tp1_and_transformers(engines, model):
 # int8 / fp8 quantize activations per token on the fly: a row-parallel layer (o_proj,
 # down_proj) quantizes its rank's slice with the whole row's scale (lab/quant/base.py
 # activation_amax), so its 8-bit values are TP=1's; without that, on these 10 prompts int8's ids
-# differed on 6 and fp8's on 9. w4a16 keeps activations unquantized.
-@pytest.mark.parametrize("method", ["int8", "fp8", "w4a16"])
+# differed on 6 and fp8's on 9. w4a16 keeps activations unquantized (its grouped weight scales
+# are split with the weight). fp8 quantizes activations as int8 does: -m slow.
+@pytest.mark.parametrize("method", ["int8", pytest.param("fp8", marks=pytest.mark.slow), "w4a16"])
 def test_quantized_tp2_equals_tp1(method):
     knobs = dict(quant=method) | ({"quant.group_size": 32} if method == "w4a16" else {})
     runs = {}
@@ -113,7 +114,7 @@ def test_a_rank_that_raises_while_rank_0_waits_stops_the_group(engines):
 
 
 def test_killed_rank_is_named_within_seconds_and_nothing_is_left(engines):
-    llm = engines("tiny_qwen2")
+    llm = engines("tiny_deepseek")  # alive still (the test above stopped tiny_llama's ranks)
     kill_rank_1_mid_decode(llm, r"rank 1 \(pid {pid}\) died with exit code -9", within_s=5)
     llm.engine.step()  # the failed request's final output (finish reason error)
     assert not llm.engine.has_unfinished_requests()
