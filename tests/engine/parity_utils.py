@@ -46,6 +46,16 @@ ALL_MODES = MODES | {"swap": MODES["preempt"] | {"preemption": "swap",
 MP_KNOBS = MODES["chunked"] | MODES["prefix"] | MODES["preempt"] | dict(max_model_len=88)
 
 
+def mp_on_the_first_only(engine_client: str, case: str, first: str, what: str) -> None:
+    """Skip the mp run of every `case` but the `first` (a model, a backend): the core process
+    runs the same code as inproc does, checked once (each mp run costs a process start in the
+    suite's CPU budget)."""
+    if engine_client == "mp" and case != first:
+        pytest.skip(f"an mp core process runs the same {what}: checked on the first "
+                    f"({first}; each mp run costs a process start in the suite's CPU budget)")
+
+
+
 def prompt_set(mode: str) -> str:
     """Which prompts a mode runs: "prefix" (shared prefixes) or "default"."""
     return "prefix" if mode == "prefix" else "default"

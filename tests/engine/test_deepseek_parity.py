@@ -6,7 +6,12 @@ inproc, and the first model over mp too (one core process runs every mode's prom
 
 import pytest
 
-from tests.engine.parity_utils import MODES, check_greedy_parity, parity_fixtures
+from tests.engine.parity_utils import (
+    MODES,
+    check_greedy_parity,
+    mp_on_the_first_only,
+    parity_fixtures,
+)
 from tests.options import tiny_models
 
 MODELS = tiny_models("mla")
@@ -15,8 +20,6 @@ model_name, hf_outputs, mp_runs = parity_fixtures(MODELS, attention="torch")
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_deepseek_greedy_parity(model_name, hf_outputs, mode, engine_client, request):
-    if engine_client == "mp" and model_name != MODELS[0]:
-        pytest.skip("an mp core process runs the same model code: checked on the first model "
-                    "(each mp run costs a process start in the suite's CPU budget)")
+    mp_on_the_first_only(engine_client, model_name, MODELS[0], "model code")
     runs = request.getfixturevalue("mp_runs") if engine_client == "mp" else None
     check_greedy_parity(model_name, hf_outputs, mode, engine_client, runs, attention="torch")

@@ -16,6 +16,7 @@ from lab import LLM, SamplingParams
 from lab.attention.torch_backend import TorchAttentionBackend
 from lab.kernels import interpreter_active
 from lab.kernels.fp8_kv import FP8_KV_DTYPE
+from tests.engine.parity_utils import mp_on_the_first_only
 from tests.options import backends, model_for, target
 
 PROMPT_LENS = [5, 17, 30, 9]
@@ -72,9 +73,7 @@ def test_triton_equals_torch_reference_under_fp8(attention, fp8_reference, engin
     runner), the ids over both. mp on the first backend only: the core process runs the same
     kernels on the same cache (and tests/engine/test_triton_flash_parity.py runs Triton in a
     core process too)."""
-    if engine_client == "mp" and attention != OWN_FP8_PATHS[0]:
-        pytest.skip("the core process runs the same kernels: checked on the first backend "
-                    "(each mp run costs a process start in the suite's CPU budget)")
+    mp_on_the_first_only(engine_client, attention, OWN_FP8_PATHS[0], "kernels on the same cache")
     model = model_for(attention)
     kernels = KERNELS.get(attention, "torch") if engine_client == "inproc" else "torch"
     want, scales_ref = fp8_reference

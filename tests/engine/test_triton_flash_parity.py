@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from lab import LLM, SamplingParams
 from lab.kernels import interpreter_active
 from lab.models.tiny import ensure_tiny_model
-from tests.engine.parity_utils import model_name_fixture
+from tests.engine.parity_utils import model_name_fixture, mp_on_the_first_only
 from tests.options import tiny_models
 
 MAX_TOKENS = 8
@@ -110,9 +110,7 @@ def test_triton_flash_matches_torch_and_transformers(model_name, reference, engi
     """mp (a core process) on the first model only: the interpreter runs the same kernels
     there. The other ops are PyTorch's here (kernels=torch); the next test puts them through
     Triton too."""
-    if engine_client == "mp" and model_name != MODELS[0]:
-        pytest.skip("the core process runs the same kernels: checked on the first model "
-                    "(each mp run costs a process start in the suite's CPU budget)")
+    mp_on_the_first_only(engine_client, model_name, MODELS[0], "kernels")
     check_backend_parity(model_name, "triton_flash", "torch", engine_client, reference)
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from lab import LLM
+from tests.engine.parity_utils import mp_on_the_first_only
 from tests.engine.test_triton_flash_parity import check_backend_parity, model_fixtures
 from tests.options import tiny_models
 
@@ -26,9 +27,7 @@ def test_triton_mla_matches_torch_and_transformers(model_name, reference, engine
     """mp (a core process) on the first model only: the interpreter runs the same kernels
     there. The other ops are PyTorch's here (kernels=torch); the next test puts them through
     Triton too."""
-    if engine_client == "mp" and model_name != MODELS[0]:
-        pytest.skip("the core process runs the same kernels: checked on the first model "
-                    "(each mp run costs a process start in the suite's CPU budget)")
+    mp_on_the_first_only(engine_client, model_name, MODELS[0], "kernels")
     check_backend_parity(model_name, "triton_mla", "torch", engine_client, reference)
 
 
