@@ -38,7 +38,7 @@ START_METHODS = ("forkserver", "spawn", "fork")
 #: what the others imported out of the children's garbage collections (its docstring)
 PRELOAD = ["torch", "transformers.activations", "transformers.models.auto.configuration_auto",
            "lab.distributed.parallel_state", "lab.worker.worker", "lab.executor.multiproc",
-           "lab.engine.builder", "lab.engine.core_proc", "lab.distributed.fork_server_gc"]
+           "lab.engine.builder", "lab.engine.core_proc", "lab.engine.fork_server_gc"]
 
 
 def watch_parent(leftovers: tuple[str, ...] = ()) -> None:
@@ -85,6 +85,12 @@ def start_uninterrupted(proc: multiprocessing.process.BaseProcess) -> None:
             signal.signal(s, previous[s])
         if held:
             signal.raise_signal(held[0])  # now, to the handler the caller had
+
+
+def started(procs: list[multiprocessing.process.BaseProcess]
+            ) -> list[multiprocessing.process.BaseProcess]:
+    """The processes of `procs` that started (a start can fail or be interrupted)."""
+    return [p for p in procs if p.pid is not None]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -214,9 +220,7 @@ class RankPool:
                 conn.send(None)
             except (OSError, BrokenPipeError):
                 pass
-        for proc in self.procs:
-            if proc.pid is None:  # its start failed or was interrupted
-                continue
+        for proc in started(self.procs):
             proc.join(timeout=5)
             if proc.is_alive():
                 proc.kill()

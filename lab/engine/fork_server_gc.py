@@ -11,12 +11,10 @@ out of the children's collections, as Python's documentation of `gc.freeze` advi
 parent that forks without exec. The fork server hands them back at its exit (extensions that
 count their live objects at exit, as Triton's nanobind does, would report frozen ones as leaks).
 
-This module exists for that one effect of importing it: only the fork server imports it.
+It is the engine's own start-up freeze (lab.engine.core.freeze_gc_heap), earlier. This module
+exists for that one effect of importing it: only the fork server imports it.
 """
 
-import atexit
-import gc
+from lab.engine.core import freeze_gc_heap
 
-gc.collect()
-gc.freeze()
-atexit.register(gc.unfreeze)
+freeze_gc_heap()

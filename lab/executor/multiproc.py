@@ -52,6 +52,7 @@ from lab.distributed.launch import (
     adopt_environ,
     mp_context,
     start_uninterrupted,
+    started,
     tcp_init_method,
     watch_parent,
 )
@@ -197,20 +198,16 @@ class RankProcesses:
             with contextlib.suppress(zmq.ZMQError):
                 sock.send(SHUTDOWN, flags=zmq.NOBLOCK)
         deadline = time.monotonic() + grace_s
-        for proc in self.started():
+        for proc in started(self.procs):
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
         self.kill()
 
-    def started(self) -> list[multiprocessing.process.BaseProcess]:
-        """The rank processes that started (a start can fail or be interrupted)."""
-        return [p for p in self.procs if p.pid is not None]
-
     def kill(self) -> None:
         """SIGKILL every rank still alive, then release the sockets (idempotent)."""
-        for proc in self.started():
+        for proc in started(self.procs):
             if proc.is_alive():
                 proc.kill()
-        for proc in self.started():
+        for proc in started(self.procs):
             proc.join(timeout=5)
         for sock in [*self.inputs, self.output]:
             sock.close(linger=0)

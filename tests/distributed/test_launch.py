@@ -1,6 +1,6 @@
 """lab/distributed/launch.py: start_uninterrupted (a stop signal during a child's start is
 handled once the start returned, so the caller's cleanup finds the child stoppable), and the
-fork server's heap frozen for its children (lab/distributed/fork_server_gc.py)."""
+fork server's heap frozen for its children (lab/engine/fork_server_gc.py)."""
 
 import gc
 import signal
