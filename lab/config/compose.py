@@ -17,6 +17,8 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lab.config.knob import defaults_of
@@ -84,15 +86,25 @@ def compose_with_choices(overrides: list[str] | None = None,
     """compose_config, plus the option chosen in every group (as hydra_choices gives inside a
     Hydra job), for a run directory's config.yaml outside one (lab serve).
 
-    A composition is remembered for the process, keyed by everything it reads (`config_inputs`):
-    the same overrides again while no option file changed cost a copy (~3 ms) instead of
-    Hydra's ~0.1 s, which every `LLM(...)` of a sweep or a notebook would pay again. Each call
-    gets its own copy to change."""
+    A composition is remembered for the process, keyed by everything it reads (`config_inputs`)
+    and by the overrides other than plain settings (split_settings): the same group choices
+    again while no option file changed cost a copy (~3 ms) and the settings instead of
+    Hydra's ~0.15 s, which every `LLM(...)`, simulator run or `lab serve` of a sweep would pay
+    again. Each call gets its own copy to change."""
     overrides = list(overrides or [])
     if config_path:
         overrides.append(f"hydra.searchpath=[{','.join(search_path(config_path))}]")
-    cfg, choices = _compose_once(tuple(overrides), config_inputs(config_path))
-    return copy.deepcopy(cfg), dict(choices)
+    inputs = config_inputs(config_path)
+    composed, settings = split_settings(overrides)
+    cfg, choices = _compose_once(tuple(composed), inputs)
+    cfg = copy.deepcopy(cfg)
+    try:
+        for override in settings:
+            OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
+    except Exception:  # Hydra's own composition names what is wrong, as it would have
+        cfg, choices = _compose_once(tuple(overrides), inputs)
+        cfg = copy.deepcopy(cfg)
+    return cfg, dict(choices)
 
 
 def config_inputs(config_path: Sequence[str | Path] = ()) -> tuple:
@@ -118,6 +130,38 @@ def _compose_once(overrides: tuple[str, ...], inputs: tuple) -> tuple[DictConfig
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg, choices
+
+
+def split_settings(overrides: list[str]) -> tuple[list[str], list[Override]]:
+    """(what Hydra composes, the settings to set on a copy of its result), so that compositions
+    differing only in settings (`seed=1`, `workload.num_requests=8`, `sim.device=h100`: a sweep,
+    a test's variations) are one remembered composition. A plain `key=value` whose key is not a
+    config group is what Hydra itself sets only after composing the defaults list, by the same
+    OmegaConf.update on the struct config, so the result is the same. Group choices, `+`, `++`
+    and `~` edits, packages, sweeps and `hydra.*` stay Hydra's; so does anything it cannot
+    parse (its error is the one to show)."""
+    maybe = [o for o in overrides if "=" in o and is_setting_key(o.split("=", 1)[0])]
+    if not maybe:
+        return list(overrides), []
+    try:
+        parsed = dict(zip(maybe, OverridesParser.create().parse_overrides(maybe)))
+    except Exception:
+        return list(overrides), []
+    settings = [o for o in maybe if _is_plain_setting(parsed[o])]
+    return [o for o in overrides if o not in settings], [parsed[o] for o in settings]
+
+
+def is_setting_key(key: str) -> bool:
+    """A knob (`seed`), or a key inside a knob block's or a group option's node (`sim.device`,
+    `workload.num_requests`); not a group (`model`, `sim/step_time`) nor `hydra.*`."""
+    top = key.split(".", 1)[0]
+    return "/" not in key and (key in top_level_names()
+                               or ("." in key and top in GROUPS + tuple(top_level_names())))
+
+
+def _is_plain_setting(override: Override) -> bool:
+    return (override.type == OverrideType.CHANGE and not override.is_sweep_override()
+            and override.package is None and is_setting_key(override.key_or_group))
 
 
 def top_level_names() -> set[str]:

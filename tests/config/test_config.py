@@ -2,6 +2,7 @@
 
 import functools
 import os
+import re
 
 import pytest
 import torch
@@ -166,6 +167,34 @@ def test_llm_takes_a_config_path_of_options_and_presets(tmp_path):
     assert len(out[0].outputs[0].token_ids) == 3
     with pytest.raises(ValueError, match="neither a preset .*tiny_llama"):
         LLM("my_tiny", executor="sim")  # without the directory: not a preset
+
+
+@pytest.mark.parametrize("settings", [
+    ["seed=7", "block_size=4", "max_num_seqs=5"],
+    ["max_model_len=${block_size}", "workload.num_requests=3", "sim.device=h100"],
+    ["workload.prompt_len=[3,4]"],  # not a setting of this workload: Hydra's error
+    ["model.nosuch=1"],             # nor of this model: Hydra's error
+    ["seed=1,2"],                   # a sweep: Hydra's error
+])
+def test_settings_are_set_on_the_remembered_composition_of_the_group_choices(settings):
+    """`key=value` settings (knobs, keys inside a knob block or an option's node) do not key the
+    remembered composition: the same group choices with other settings cost a copy, and the
+    config, or the error, is Hydra's own composition's."""
+    from hydra import compose, initialize_config_dir
+
+    groups = ["scheduler=priority", "executor=sim", "logger=[]"]
+    compose_config(groups)
+    hits = _compose_once.cache_info().hits
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            want = OmegaConf.to_container(compose(config_name="config",
+                                                  overrides=[*settings, *groups]))
+    except ConfigCompositionException as e:
+        with pytest.raises(ConfigCompositionException, match=re.escape(str(e).splitlines()[0])):
+            compose_config([*settings, *groups])
+        return
+    assert OmegaConf.to_container(compose_config([*settings, *groups])) == want
+    assert _compose_once.cache_info().hits == hits + 1
 
 
 def test_a_composition_is_remembered_but_each_caller_gets_its_own_copy_and_edits_are_read(
