@@ -1,6 +1,7 @@
 """Shared test set-up: one CPU thread per process, hypothesis profiles, the `gpu` marker's skip,
 the GC's view of the heap."""
 
+import atexit
 import gc
 import os
 
@@ -50,16 +51,15 @@ def pytest_collection_finish(session):
     """What the collection imported (torch, transformers, lab, the test modules: ~600k objects
     the cyclic GC tracks) lives as long as the process: moved out of the GC's sight once, so the
     suite's automatic full collections walk only what the tests make. An engine's shutdown
-    would hand them back (lab.engine.core.unfreeze_gc_heap): the fixture below stops that."""
+    would hand them back (lab.engine.core.unfreeze_gc_heap): the fixture below stops that.
+
+    They are handed back at the interpreter's exit, as lab.engine.core's freeze does (Triton's
+    nanobind counts its live objects then and reported frozen ones as leaked: `nanobind: leaked
+    514 functions!`), not at pytest_unconfigure: pytest's clean-up after it runs five full
+    collections (for unraisable exceptions), which would each walk them again."""
     gc.collect()
     gc.freeze()
-
-
-def pytest_unconfigure(config):
-    """Hand the frozen objects back before the interpreter exits, as lab.engine.core's
-    freeze does: Triton's nanobind counts its live objects at exit and reported the frozen
-    ones as leaked (`nanobind: leaked 514 functions!`)."""
-    gc.unfreeze()
+    atexit.register(gc.unfreeze)
 
 
 @pytest.fixture(autouse=True)
