@@ -199,8 +199,8 @@ def test_settings_are_set_on_the_remembered_composition_of_the_group_choices(set
 
 def test_a_composition_is_remembered_but_each_caller_gets_its_own_copy_and_edits_are_read(
         tmp_path, monkeypatch):
-    """compose_config remembers a composition for the process (Hydra's ~0.1 s once per set of
-    overrides), yet a caller's change to its config never reaches the next caller, and an edited
+    """compose_config remembers a composition for the process (Hydra's ~0.15 s once per set of
+    group choices), yet a caller's change to its config never reaches the next caller, and an edited
     option file is composed again, even when its size and modification time are unchanged."""
     (tmp_path / "scheduler").mkdir()
     option = tmp_path / "scheduler" / "mine.yaml"
