@@ -94,8 +94,8 @@ class ServerProcess:
 
     def _wait_ready(self) -> None:
         """Poll /health every 0.1 s through one client: `httpx.get` builds a client, and with it
-        an SSL context (~60 ms of CPU on the 2-core test machine), per call, which over a start of ~10 s cost the poller
-        3-4 CPU-seconds, as much as the core process's own start."""
+        an SSL context (~60 ms of CPU on the 2-core test machine), per call, which over a start
+        of ~10 s cost the poller 3-4 CPU-seconds, as much as the core process's own start."""
         deadline = time.monotonic() + self.ready_timeout
         with httpx.Client(timeout=1) as client:
             while time.monotonic() < deadline:

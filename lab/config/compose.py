@@ -160,8 +160,9 @@ def is_setting_key(key: str) -> bool:
 
 
 def _is_plain_setting(override: Override) -> bool:
+    """`key=value` as written: not `+`/`++`/`~`, not a sweep, no `@package`."""
     return (override.type == OverrideType.CHANGE and not override.is_sweep_override()
-            and override.package is None and is_setting_key(override.key_or_group))
+            and override.package is None)
 
 
 def top_level_names() -> set[str]:

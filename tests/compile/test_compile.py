@@ -96,9 +96,9 @@ def test_traced_forward_matches_eager_and_hf(model_name, attention):
 @pytest.mark.parametrize("isolate", ISOLATE)
 def test_steps_above_the_split_run_the_second_graph(monkeypatch, isolate):
     """CompileOptions.large_steps_from: the prefill (14 tokens: the eager run left the prompts'
-    full blocks in the prefix cache) runs the second graph, the decode batches the first; each compiles once, on its first step, with its own size hint,
-    and the ids stay the eager engine's (aot_eager, no codegen), with and without
-    isolate_recompiles."""
+    full blocks in the prefix cache) runs the second graph, the decode batches the first; each
+    compiles once, on its first step, with its own size hint, and the ids stay the eager
+    engine's (aot_eager, no codegen), with and without isolate_recompiles."""
     if isolate and not compiler.can_isolate_recompiles():
         pytest.skip(f"torch {torch.__version__} has no isolate_recompiles")
     monkeypatch.setattr(compiler, "can_isolate_recompiles", lambda: isolate)

@@ -55,7 +55,6 @@ def mp_on_the_first_only(engine_client: str, case: str, first: str, what: str) -
                     f"({first}; each mp run costs a process start in the suite's CPU budget)")
 
 
-
 def prompt_set(mode: str) -> str:
     """Which prompts a mode runs: "prefix" (shared prefixes) or "default"."""
     return "prefix" if mode == "prefix" else "default"

@@ -1,8 +1,9 @@
 """Greedy token ids with attention=triton_flash (fp32; Triton's interpreter on CPU) equal those of
 attention=torch and of transformers, for tiny Llama and tiny Qwen3, in one run that forces chunked
 prefill (a 16-token budget), prefix-cache hits (shared prefixes) and preemption (a tiny cache);
-`kernels=triton` also puts norms and rotary through Triton (`-m slow`). The Triton run goes over both engine clients (inproc, and mp on the first model: the interpreter
-runs in the core process); the attention=torch and transformers references are computed once per model."""
+`kernels=triton` also puts norms and rotary through Triton (`-m slow`). The Triton run goes over
+both engine clients (inproc, and mp on the first model: the interpreter runs in the core
+process); the attention=torch and transformers references are computed once per model."""
 
 import pytest
 import torch

@@ -3,9 +3,9 @@ attention=torch and of transformers, for tiny DeepSeek-V2 (with q_lora), V2-Lite
 in one run that forces chunked prefill (a 16-token budget: mixed prefill + decode steps go
 through both paths), prefix-cache hits (shared prefixes) and preemption (a tiny cache), with
 decode splits forced so the LSE merge runs. `kernels=triton` also puts norms, rotary and the
-fused MoE through Triton (`-m slow`). The Triton run goes over both engine clients
-(inproc, and mp on the first model: the interpreter runs in the core process); the attention=torch and transformers
-references are computed once per model."""
+fused MoE through Triton (`-m slow`). The Triton run goes over both engine clients (inproc,
+and mp on the first model: the interpreter runs in the core process); the attention=torch and
+transformers references are computed once per model."""
 
 import pytest
 import torch
