@@ -16,12 +16,15 @@ import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from lab.kernels import use_interpreter_without_cuda  # noqa: E402
+from tests.triton_interpreter import patch_the_language_once_per_launch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Triton kernels run in its interpreter without CUDA: switched on before any test module imports
 # a kernel module (an engine run switches it on itself, lab/kernels/__init__.py)
 use_interpreter_without_cuda()
+
+patch_the_language_once_per_launch()
 
 # `ci` (what scripts/test.sh runs) is sized to minutes on a 2-core CPU and derandomized, so a
 # landing never depends on the draw; `dev` (plain pytest) draws new examples every run; `deep` is
