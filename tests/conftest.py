@@ -16,6 +16,7 @@ import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from lab.kernels import use_interpreter_without_cuda  # noqa: E402
+from tests.procs import short_tmp_dir  # noqa: E402
 from tests.triton_interpreter import patch_the_language_once_per_launch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -63,6 +64,13 @@ def pytest_collection_finish(session):
     gc.collect()
     gc.freeze()
     atexit.register(gc.unfreeze)
+
+
+@pytest.fixture
+def short_tmp():
+    """tests/procs.py short_tmp_dir: a child process's TMPDIR."""
+    with short_tmp_dir() as path:
+        yield path
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,7 @@
 """Tests that need a process of their own: a Python script run by a fresh interpreter that
 imports this checkout's `lab` (start_script), or a command line such as `python run.py ...`
-run as a fork of lab's fork server (run_python)."""
+run as a fork of lab's fork server (run_python); a short directory for such a process's TMPDIR
+(short_tmp_dir)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,23 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from lab.distributed.launch import mp_context
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def short_tmp_dir() -> Iterator[Path]:
+    """A directory for a child process's TMPDIR, where its fork server and lab's IPC sockets
+    live: a socket's path holds 107 bytes, and pytest's tmp_path (its user name, run number and
+    test name) can take most of them (lab.distributed.launch.socket_tempdir refuses a TMPDIR
+    too long; the fork server failed on one at pytest's 100th run on a machine)."""
+    with tempfile.TemporaryDirectory(prefix="lab-test-", ignore_cleanup_errors=True) as tmp:
+        yield Path(tmp)
 
 
 def start_script(path: Path, text: str, tmpdir: Path | None = None) -> subprocess.Popen:

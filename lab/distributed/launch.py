@@ -25,6 +25,7 @@ import os
 import shutil
 import signal
 import socket
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable
@@ -100,17 +101,41 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+#: a Unix socket's path holds at most 107 bytes (Linux's sun_path, 108 with the terminating NUL)
+UNIX_SOCKET_PATH_MAX = 107
+#: the longest socket path made under the temporary directory: the fork server's listener
+#: (multiprocessing's pymp-XXXXXXXX/listener-XXXXXXXX); lab's IPC sockets are shorter
+#: (lab-core-XXXXXXXX/output, lab-ranks-XXXXXXXX/in-N)
+LONGEST_SOCKET_NAME = len("/pymp-12345678/listener-12345678")
+
+
+def socket_tempdir() -> str:
+    """The temporary directory, where the fork server and lab's engine-core and rank processes
+    make their Unix sockets: a ValueError naming TMPDIR when it is too long for their paths,
+    instead of `OSError: AF_UNIX path too long` from inside a process start (a pytest tmp_path
+    under a long user name, or a deep build directory, reached that)."""
+    tmp = tempfile.gettempdir()
+    room = UNIX_SOCKET_PATH_MAX - LONGEST_SOCKET_NAME
+    if len(os.fsencode(tmp)) > room:
+        raise ValueError(f"TMPDIR={tmp} is {len(os.fsencode(tmp))} bytes long: the Unix sockets "
+                         f"of lab's processes live there and need it at most {room} bytes long "
+                         f"(a socket path holds {UNIX_SOCKET_PATH_MAX}); set TMPDIR to a shorter "
+                         f"directory")
+    return tmp
+
+
 def tcp_init_method(host: str = "127.0.0.1", port: int | None = None) -> str:
     return f"tcp://{host}:{port or free_port(host)}"
 
 
 def mp_context(start_method: str = "forkserver"):
     """The multiprocessing context ranks and engine-core processes start in (ValueError naming
-    the allowed methods)."""
+    the allowed methods, or TMPDIR when it is too long for the fork server's socket)."""
     if start_method not in START_METHODS:
         raise ValueError(f"start_method={start_method!r}: use one of {', '.join(START_METHODS)}")
     ctx = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
+        socket_tempdir()  # the fork server's listening socket, when this start starts it
         ctx.set_forkserver_preload(PRELOAD)
     return ctx
 

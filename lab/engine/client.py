@@ -44,7 +44,7 @@ from lab.core.protocol import (
     UtilityResult,
 )
 from lab.core.request import FINISH_REASONS, RequestStatus
-from lab.distributed.launch import mp_context, start_uninterrupted
+from lab.distributed.launch import mp_context, socket_tempdir, start_uninterrupted
 from lab.engine.core import EngineCore, EngineDeadError
 from lab.engine.core_proc import (
     ABORT,
@@ -93,7 +93,7 @@ class MPClient:
         self.timeout_s = EngineKnobs.of(cfg).core_timeout_s
         self._dir: str | None = None
         try:
-            self._dir = tempfile.mkdtemp(prefix="lab-core-")
+            self._dir = tempfile.mkdtemp(prefix="lab-core-", dir=socket_tempdir())
             self.info = self._start(cfg)
         except BaseException:  # e.g. Ctrl-C / SIGTERM while the core starts: leave nothing
             self.shutdown()

@@ -51,6 +51,7 @@ from lab.core.step import ModelRunnerOutput, SchedulerOutput
 from lab.distributed.launch import (
     adopt_environ,
     mp_context,
+    socket_tempdir,
     start_uninterrupted,
     started,
     tcp_init_method,
@@ -147,7 +148,7 @@ class RankProcesses:
     """The rank processes and the sockets to them; knows who is alive. Closed by `close()`."""
 
     def __init__(self, config: WorkerConfig, start_method: str) -> None:
-        self.dir = tempfile.mkdtemp(prefix="lab-ranks-")
+        self.dir = tempfile.mkdtemp(prefix="lab-ranks-", dir=socket_tempdir())
         self.ctx = zmq.Context()
         self.output = self.ctx.socket(zmq.PULL)
         self.output.bind(f"ipc://{self.dir}/out")

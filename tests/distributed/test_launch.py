@@ -1,14 +1,24 @@
 """lab/distributed/launch.py: start_uninterrupted (a stop signal during a child's start is
-handled once the start returned, so the caller's cleanup finds the child stoppable), and the
-fork server's heap frozen for its children (lab/engine/fork_server_gc.py)."""
+handled once the start returned, so the caller's cleanup finds the child stoppable), the
+fork server's heap frozen for its children (lab/engine/fork_server_gc.py), and a temporary
+directory too long for the processes' Unix sockets named as such."""
 
 import gc
+import shutil
 import signal
+import tempfile
 import threading
+from pathlib import Path
 
 import pytest
 
-from lab.distributed.launch import mp_context, start_uninterrupted
+from lab import LLM
+from lab.distributed.launch import (
+    LONGEST_SOCKET_NAME,
+    mp_context,
+    socket_tempdir,
+    start_uninterrupted,
+)
 
 
 class SignalledStart:
@@ -75,3 +85,27 @@ def test_a_fork_server_child_inherits_a_frozen_heap():
     child.join(timeout=60)
     assert frozen > 100_000  # torch alone is more
     assert tracked < frozen / 10, (frozen, tracked)
+
+
+@pytest.mark.parametrize("start", ["fork server", "engine_client=mp", "executor=multiproc"])
+def test_a_temporary_directory_too_long_for_unix_sockets_is_named(start, monkeypatch):
+    """The fork server's listener and lab's IPC sockets live under the temporary directory; one
+    too long for a socket's path used to end a start in `OSError: AF_UNIX path too long` (the
+    fork server) or ZeroMQ's error from a bind. Now: a ValueError naming TMPDIR, nothing made."""
+    base = Path(tempfile.mkdtemp())  # short: pytest's tmp_path can be too long by itself
+    long = base / ("d" * (107 - LONGEST_SOCKET_NAME - len(str(base))))  # one byte too long
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    with pytest.raises(ValueError, match=r"TMPDIR=.* bytes long: .* set TMPDIR to a shorter"):
+        if start == "fork server":
+            mp_context("forkserver")
+        else:
+            knobs = ({"engine_client": "mp"} if start == "engine_client=mp" else
+                     {"executor": "multiproc", "tensor_parallel_size": 2})
+            LLM("tiny_llama", attention="torch", num_gpu_blocks=16, **knobs)
+    made = list(long.iterdir())
+    monkeypatch.setattr(tempfile, "tempdir", str(long)[:-1])  # one byte shorter: room enough
+    shorter = socket_tempdir()
+    shutil.rmtree(base)
+    assert made == []
+    assert shorter == str(long)[:-1]

@@ -178,14 +178,14 @@ if __name__ == "__main__":
 """
 
 
-def test_a_killed_frontend_leaves_no_core_process(tmp_path):
+def test_a_killed_frontend_leaves_no_core_process(tmp_path, short_tmp):
     """SIGKILL the frontend (no atexit, no shutdown): its core process ends within seconds
     instead of waiting forever on a socket nobody writes (before: orphans, parent pid 1), and
     removes the IPC directory the frontend made for their sockets (before: one left in the
     temporary directory per killed frontend)."""
     import signal
 
-    tmp = tmp_path / "tmp"
+    tmp = short_tmp  # its TMPDIR
     front = start_script(tmp_path / "frontend.py", FRONTEND, tmpdir=tmp)
     try:
         core_pid = int(front.stdout.readline())

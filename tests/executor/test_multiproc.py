@@ -151,11 +151,11 @@ if __name__ == "__main__":
 """.replace("SMALL_KV", repr(SMALL_KV))
 
 
-def test_a_killed_engine_process_leaves_no_rank(tmp_path):
+def test_a_killed_engine_process_leaves_no_rank(tmp_path, short_tmp):
     """SIGKILL the engine's process (no atexit, no shutdown): its ranks end within seconds
     (each watches the process that started it) instead of lingering as orphans, and remove the
     IPC directory the engine made for their sockets (before: left in the temporary directory)."""
-    tmp = tmp_path / "tmp"
+    tmp = short_tmp  # its TMPDIR
     engine = start_script(tmp_path / "engine.py", ENGINE_SCRIPT, tmpdir=tmp)
     try:
         pids = [int(p) for p in engine.stdout.readline().split(",")]

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from lab.bench.server_process import ServerProcess, free_port, metric
+from tests.procs import short_tmp_dir
 from tests.waits import WAIT_S
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,11 +42,11 @@ def srv(tmp_path_factory):
     """The shared server; its loggers write to `s.run_dir`, its core's IPC sockets live in
     `s.tmp`. The SIGTERM test, the last to use it, ends it."""
     root = tmp_path_factory.mktemp("served")
-    (root / "tmp").mkdir()
-    with server("--api-key", KEY, "--max-body-bytes", "65536", "--max-concurrent-requests", "3",
-                "logger=[jsonl]", "--run-dir", str(root / "run"), "--shutdown-timeout", "1",
-                env={"TMPDIR": str(root / "tmp")}) as s:
-        s.run_dir, s.tmp = root / "run", root / "tmp"
+    with short_tmp_dir() as tmp, server(
+            "--api-key", KEY, "--max-body-bytes", "65536", "--max-concurrent-requests", "3",
+            "logger=[jsonl]", "--run-dir", str(root / "run"), "--shutdown-timeout", "1",
+            env={"TMPDIR": str(tmp)}) as s:
+        s.run_dir, s.tmp = root / "run", tmp
         yield s
 
 
@@ -148,7 +149,7 @@ def test_sigterm_finishes_cleanly_within_the_grace_period(srv):
     assert not list(srv.tmp.glob("lab-core-*"))
 
 
-def test_sigterm_while_the_engine_starts_cleans_up(tmp_path):
+def test_sigterm_while_the_engine_starts_cleans_up(short_tmp):
     """SIGTERM as soon as the core process is being started (its IPC directory exists): the
     server stops it, removes the directory and exits 1 naming the signal. The signal used to
     land inside multiprocessing's start, leaving a core the server could not stop: it built
@@ -156,11 +157,11 @@ def test_sigterm_while_the_engine_starts_cleans_up(tmp_path):
     (and once kept that pipe open past the test's 300 s)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "lab.cli", "serve", *ENGINE, "--port", str(free_port())],
-        cwd=REPO, env={**os.environ, "TMPDIR": str(tmp_path)}, stderr=subprocess.PIPE,
+        cwd=REPO, env={**os.environ, "TMPDIR": str(short_tmp)}, stderr=subprocess.PIPE,
         text=True)
     try:
         deadline = time.monotonic() + WAIT_S
-        while not list(tmp_path.glob("lab-core-*")) and time.monotonic() < deadline:
+        while not list(short_tmp.glob("lab-core-*")) and time.monotonic() < deadline:
             time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=WAIT_S)
@@ -169,7 +170,7 @@ def test_sigterm_while_the_engine_starts_cleans_up(tmp_path):
     assert proc.returncode == 1
     assert "stopped while the engine was starting (SIGTERM)" in err
     assert "Traceback" not in err, err[-3000:]
-    assert not list(tmp_path.glob("lab-core-*"))
+    assert not list(short_tmp.glob("lab-core-*"))
 
 
 # -- the engine's death -------------------------------------------------------------------------
@@ -185,7 +186,7 @@ def _plain_in_background(url: str, body: dict) -> tuple[threading.Thread, dict]:
 
 
 @pytest.mark.parametrize("fault", ["kill", "stop"])
-def test_a_dead_or_hung_core_fails_requests_alike(fault, tmp_path):
+def test_a_dead_or_hung_core_fails_requests_alike(fault, short_tmp):
     """kill -9 of the core, or SIGSTOP past core_timeout_s: a stream's in-band error and a plain
     request's answer are the same error object (503 ServiceUnavailableError). After a kill the
     server exits non-zero by itself (the default); after the stop, run with
@@ -193,7 +194,7 @@ def test_a_dead_or_hung_core_fails_requests_alike(fault, tmp_path):
     IPC directory goes and no core process is left (a stopped one is killed)."""
     keep_alive = fault == "stop"
     with server("core_timeout_s=3", *(["--keep-alive-on-engine-death"] if keep_alive else []),
-                env={"TMPDIR": str(tmp_path)}) as s:
+                env={"TMPDIR": str(short_tmp)}) as s:
         core = s.core_pid()
         if fault == "stop":  # idle past core_timeout_s: the core's heartbeats keep it healthy
             time.sleep(3.5)
@@ -222,7 +223,7 @@ def test_a_dead_or_hung_core_fails_requests_alike(fault, tmp_path):
     if fault == "stop":
         assert "not answered" in streamed["message"]
     assert code == 0 if keep_alive else code not in (None, 0)
-    assert not list(tmp_path.glob("lab-core-*"))
+    assert not list(short_tmp.glob("lab-core-*"))
     assert not Path(f"/proc/{core}").exists() or _zombie(core)
 
 
