@@ -90,8 +90,9 @@ def test_a_fork_server_child_inherits_a_frozen_heap():
 @pytest.mark.parametrize("start", ["fork server", "engine_client=mp", "executor=multiproc"])
 def test_a_temporary_directory_too_long_for_unix_sockets_is_named(start, monkeypatch):
     """The fork server's listener and lab's IPC sockets live under the temporary directory; one
-    too long for a socket's path used to end a start in `OSError: AF_UNIX path too long` (the
-    fork server) or ZeroMQ's error from a bind. Now: a ValueError naming TMPDIR, nothing made."""
+    too long for the listener's path used to end the first start in `OSError: AF_UNIX path too
+    long` from inside multiprocessing (mp_context itself said nothing). Now: a ValueError naming
+    TMPDIR before anything is made."""
     base = Path(tempfile.mkdtemp())  # short: pytest's tmp_path can be too long by itself
     long = base / ("d" * (107 - LONGEST_SOCKET_NAME - len(str(base))))  # one byte too long
     long.mkdir()
