@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import runpy
 import signal
 import sys
@@ -117,7 +118,7 @@ def serve(argv: list[str]) -> None:
     import uvicorn
     from omegaconf import OmegaConf
 
-    from lab.config.validate import check_command_line
+    from lab.config.validate import SETTING_ERRORS, check_command_line, setting_error_line
     from lab.engine.async_llm import AsyncLLM
     from lab.engine.llm_engine import LLMEngine
     from lab.engine.warmup import warm_up_new_engine
@@ -132,17 +133,22 @@ def serve(argv: list[str]) -> None:
         limits = server_limits(args)
     except ValueError as e:
         sys.exit(f"lab serve: {e}")
-    cfg, choices = serve_config_and_choices(args.overrides)
-    name = args.served_model_name or model_name_of(OmegaConf.to_container(cfg))
     signal.signal(signal.SIGTERM, _interrupt)  # while starting: as Ctrl-C (cleans up)
     start = time.monotonic()
-    loggers = start_loggers(cfg, choices, args.run_dir or default_run_dir())
     try:
+        cfg, choices = serve_config_and_choices(args.overrides)
+        name = args.served_model_name or model_name_of(OmegaConf.to_container(cfg))
+        loggers = start_loggers(cfg, choices, args.run_dir or default_run_dir())
         engine = LLMEngine(cfg, loggers)
         warmup = warm_up_new_engine(engine)  # before any request: clients pay no first calls
         async_llm = AsyncLLM(engine)
     except KeyboardInterrupt as e:  # Ctrl-C / SIGTERM while loading: the core was cleaned up
         sys.exit(f"lab serve: stopped while the engine was starting ({e or 'SIGINT'})")
+    except SETTING_ERRORS as e:  # as run.py reports them: one line, exit code 2
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"lab serve: {setting_error_line(e)}", file=sys.stderr)
+        sys.exit(2)
     died: list[str] = []
 
     def on_engine_death(reason: str) -> None:

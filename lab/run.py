@@ -26,10 +26,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
 
 from lab.config.compose import hydra_choices, register, run_config_yaml
-from lab.config.validate import check_command_line, validate_config
+from lab.config.validate import (
+    SETTING_ERRORS,
+    check_command_line,
+    setting_error_line,
+    validate_config,
+)
 from lab.engine.llm_engine import LLMEngine
 from lab.engine.replay import replay
 from lab.metrics.jsonl import SUMMARY_FILE
@@ -52,22 +56,10 @@ def main() -> None:
     run_job()
 
 
-#: what a bad setting raises while the job starts (validation, the model's path, a knob, an
-#: option's constructor): reported as one line, exit code 2, not a traceback
-SETTING_ERRORS = (ValueError, FileNotFoundError, MissingMandatoryValue)
-
-
 def refuse(message: str) -> NoReturn:
     """A bad command line: one line on stderr, exit code 2 (a usage error, as argparse's)."""
     print(f"run.py: {message}", file=sys.stderr)
     sys.exit(2)
-
-
-def setting_error_line(e: BaseException) -> str:
-    """The one-line report of a setting error: its first line (omegaconf appends the key and
-    the object type on more lines), and how to see the traceback."""
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return f"{first} (HYDRA_FULL_ERROR=1 shows the traceback)"
 
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)

@@ -17,6 +17,7 @@ import difflib
 
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from lab.config.compose import (
     GROUPS,
@@ -154,6 +155,19 @@ def check_list_groups(cfg: DictConfig) -> None:
 def _has_package_header(path, group: str) -> bool:
     first = path.read_text().lstrip().splitlines()[:1]
     return bool(first) and first[0].replace(" ", "").startswith(f"#@package{group}.")
+
+
+#: what a bad setting raises while a command starts (validation, the model's path, a knob, an
+#: option's constructor, the engine's checks): `python run.py` and `lab serve` report it as one
+#: line (setting_error_line), exit code 2, not a traceback
+SETTING_ERRORS = (ValueError, FileNotFoundError, MissingMandatoryValue)
+
+
+def setting_error_line(e: BaseException) -> str:
+    """The one-line report of a setting error: its first line (omegaconf appends the key and
+    the object type on more lines), and how to see the traceback."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"{first} (HYDRA_FULL_ERROR=1 shows the traceback)"
 
 
 def check_command_line(args: list[str]) -> str | None:

@@ -55,6 +55,7 @@ from lab.engine.core_proc import (
     AbortMessage,
     is_heartbeat,
     run_engine_core,
+    start_error,
 )
 from lab.engine.serial import MessageCodec
 
@@ -151,7 +152,7 @@ class MPClient:
         ready.close()
         if kind != "ready":
             self.shutdown()
-            raise RuntimeError(f"the engine core could not start: {payload}")
+            raise start_error(*payload)
         return payload
 
     # -- what LLMEngine calls ------------------------------------------------------------------

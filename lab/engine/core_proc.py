@@ -46,6 +46,7 @@ import msgspec
 import zmq
 from omegaconf import OmegaConf
 
+from lab.config.validate import SETTING_ERRORS
 from lab.core.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -104,6 +105,19 @@ def report(ready, message: tuple) -> bool:
     return True
 
 
+def start_error(name: str, message: str, trace: str) -> Exception:
+    """What a core process's failed start raises in its frontend (`name`, `message`: the core's
+    exception; `trace`: its traceback): a refused setting (lab.config.validate.SETTING_ERRORS:
+    a ValueError, a FileNotFoundError) as the same type with the core's message first, so
+    run.py and lab serve report it in one line as they do an in-process engine's; anything
+    else a RuntimeError. The core's traceback follows the message."""
+    refusals = {cls.__name__: cls for cls in SETTING_ERRORS if cls.__module__ == "builtins"}
+    text = f"{message}\n\nin the engine-core process:\n{trace}"
+    if name in refusals:
+        return refusals[name](text)
+    return RuntimeError(f"the engine core could not start: {name}: {text}")
+
+
 def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready,
                     heartbeat_s: float | None = None, env: dict[str, str] | None = None,
                     ipc_dir: str | None = None) -> None:
@@ -122,7 +136,7 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready,
         set_cpu_threads(config.cpu_threads, config.engine_client)
         core, info = build_core(config)
     except BaseException as e:  # noqa: BLE001 - reported to the frontend, which raises it
-        report(ready, ("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        report(ready, ("error", (type(e).__name__, str(e), traceback.format_exc())))
         return
     if not report(ready, ("ready", info)):
         core.shutdown()

@@ -13,6 +13,7 @@ import pytest
 from lab import LLM, SamplingParams
 from lab.bench.server_process import children_of
 from lab.engine.client import EngineDeadError
+from lab.engine.core_proc import start_error
 from lab.metrics.memory import InMemoryLogger
 from tests.procs import start_script
 from tests.waits import WAIT_S
@@ -302,3 +303,16 @@ def test_closing_the_client_context_closes_a_socket_it_never_kept(tmp_path):
     threading.Thread(target=lambda: (close_context(ctx), done.set()), daemon=True).start()
     assert done.wait(WAIT_S), "closing the context waited on the orphan socket"
     assert orphan.closed
+
+
+def test_a_core_s_failed_start_keeps_a_refused_setting_s_type():
+    """A core process's start error in its frontend: a refused setting keeps its type with the
+    core's message first (run.py and lab serve print that line), anything else is a
+    RuntimeError naming the core's exception; the core's traceback follows either way."""
+    refused = start_error("FileNotFoundError", "model path '/x' is not a directory", "TB")
+    assert type(refused) is FileNotFoundError
+    assert str(refused).splitlines()[0] == "model path '/x' is not a directory"
+    assert str(refused).endswith("TB")
+    crash = start_error("ZeroDivisionError", "division by zero", "TB")
+    assert type(crash) is RuntimeError
+    assert str(crash).startswith("the engine core could not start: ZeroDivisionError: division")

@@ -1,9 +1,11 @@
 """`lab` CLI: serve composes the config like run.py/LLM (no loggers by default); bad commands
 exit with a usage line."""
 
+import re
 import sys
 
 import pytest
+import torch
 
 from lab.cli import main, serve_config
 from lab.run import main as run_main
@@ -26,6 +28,27 @@ def test_serve_refuses_unknown_knob(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["serve", "bogus_knob=1"])
     assert exit_.value.code == 2 and "lab serve: unknown setting" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("setting, said", [
+    ("model.path=MISSING", "model path '.*missing' is not a directory"),
+    ("attention=triton_flash", "attention=triton_flash with dtype=bfloat16 needs CUDA")])
+def test_serve_reports_a_setting_the_engine_refuses_in_one_line(setting, said, tmp_path,
+                                                                 capsys, monkeypatch):
+    """What the engine refuses while it starts (the model's path, a backend's dtype) is one
+    line and exit code 2, as run.py reports it (before: a traceback and exit code 1)."""
+    if setting.startswith("attention") and torch.cuda.is_available():
+        pytest.skip("bf16 in Triton's interpreter is refused without CUDA only")
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    argv = ["serve", "model=hf", setting.replace("MISSING", str(tmp_path / "missing"))]
+    if setting.startswith("attention"):
+        argv = ["serve", "model=tiny_llama", setting, "dtype=bfloat16"]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2
+    assert len(err) == 1 and re.fullmatch(
+        f"lab serve: {said}.* \\(HYDRA_FULL_ERROR=1 shows the traceback\\)", err[0]), err
 
 
 @pytest.mark.parametrize("option, field", [
