@@ -108,10 +108,11 @@ def report(ready, message: tuple) -> bool:
 def start_error(name: str, message: str, trace: str) -> Exception:
     """What a core process's failed start raises in its frontend (`name`, `message`: the core's
     exception; `trace`: its traceback): a refused setting (lab.config.validate.SETTING_ERRORS:
-    a ValueError, a FileNotFoundError) as the same type with the core's message first, so
-    run.py and lab serve report it in one line as they do an in-process engine's; anything
-    else a RuntimeError. The core's traceback follows the message."""
-    refusals = {cls.__name__: cls for cls in SETTING_ERRORS if cls.__module__ == "builtins"}
+    a ValueError, a FileNotFoundError, omegaconf's MissingMandatoryValue) as the same type with
+    the core's message first, so run.py and lab serve report it in one line as they do an
+    in-process engine's; anything else a RuntimeError. The core's traceback follows the
+    message."""
+    refusals = {cls.__name__: cls for cls in SETTING_ERRORS}
     text = f"{message}\n\nin the engine-core process:\n{trace}"
     if name in refusals:
         return refusals[name](text)

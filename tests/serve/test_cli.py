@@ -32,15 +32,19 @@ def test_serve_refuses_unknown_knob(capsys):
 
 @pytest.mark.parametrize("setting, said", [
     ("model.path=MISSING", "model path '.*missing' is not a directory"),
+    ("model=hf", "Missing mandatory value: model.path"),
     ("attention=triton_flash", "attention=triton_flash with dtype=bfloat16 needs CUDA")])
 def test_serve_reports_a_setting_the_engine_refuses_in_one_line(setting, said, tmp_path,
                                                                  capsys, monkeypatch):
-    """What the engine refuses while it starts (the model's path, a backend's dtype) is one
-    line and exit code 2, as run.py reports it (before: a traceback and exit code 1)."""
+    """What the engine refuses while it starts (the model's path, missing or not a directory; a
+    backend's dtype) is one line and exit code 2, as run.py reports it (before: a traceback and
+    exit code 1)."""
     if setting.startswith("attention") and torch.cuda.is_available():
         pytest.skip("bf16 in Triton's interpreter is refused without CUDA only")
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     argv = ["serve", "model=hf", setting.replace("MISSING", str(tmp_path / "missing"))]
+    if setting == "model=hf":  # issue 35's example: no model.path at all
+        argv = ["serve", "model=hf"]
     if setting.startswith("attention"):
         argv = ["serve", "model=tiny_llama", setting, "dtype=bfloat16"]
     with pytest.raises(SystemExit) as exit_:
