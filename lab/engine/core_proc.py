@@ -137,7 +137,8 @@ def run_engine_core(cfg: dict, input_addr: str, output_addr: str, ready,
         set_cpu_threads(config.cpu_threads, config.engine_client)
         core, info = build_core(config)
     except BaseException as e:  # noqa: BLE001 - reported to the frontend, which raises it
-        report(ready, ("error", (type(e).__name__, str(e), traceback.format_exc())))
+        kind = next((c for c in SETTING_ERRORS if isinstance(e, c)), type(e))  # subclass: base
+        report(ready, ("error", (kind.__name__, str(e), traceback.format_exc())))
         return
     if not report(ready, ("ready", info)):
         core.shutdown()
