@@ -118,7 +118,12 @@ def serve(argv: list[str]) -> None:
     import uvicorn
     from omegaconf import OmegaConf
 
-    from lab.config.validate import SETTING_ERRORS, check_command_line, setting_error_line
+    from lab.config.validate import (
+        SETTING_ERRORS,
+        check_command_line,
+        refuse,
+        refuse_setting_error,
+    )
     from lab.engine.async_llm import AsyncLLM
     from lab.engine.llm_engine import LLMEngine
     from lab.engine.warmup import warm_up_new_engine
@@ -127,8 +132,7 @@ def serve(argv: list[str]) -> None:
 
     refusal = check_command_line(args.overrides)
     if refusal is not None:
-        print(f"lab serve: {refusal}", file=sys.stderr)
-        sys.exit(2)  # a usage error, as argparse's
+        refuse("lab serve", refusal)
     try:
         limits = server_limits(args)
     except ValueError as e:
@@ -145,10 +149,7 @@ def serve(argv: list[str]) -> None:
     except KeyboardInterrupt as e:  # Ctrl-C / SIGTERM while loading: the core was cleaned up
         sys.exit(f"lab serve: stopped while the engine was starting ({e or 'SIGINT'})")
     except SETTING_ERRORS as e:  # as run.py reports them: one line, exit code 2
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        print(f"lab serve: {setting_error_line(e)}", file=sys.stderr)
-        sys.exit(2)
+        refuse_setting_error("lab serve", e)
     died: list[str] = []
 
     def on_engine_death(reason: str) -> None:
@@ -186,7 +187,6 @@ def serve_banner(engine, name: str, host: str, port: int) -> str:
 
 def server_limits(args: argparse.Namespace):
     """The ServerLimits of `lab serve`'s options (the key from $LAB_API_KEY when not given)."""
-    import os
 
     from lab.serve.limits import ServerLimits
 

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -31,7 +29,8 @@ from lab.config.compose import hydra_choices, register, run_config_yaml
 from lab.config.validate import (
     SETTING_ERRORS,
     check_command_line,
-    setting_error_line,
+    refuse,
+    refuse_setting_error,
     validate_config,
 )
 from lab.engine.llm_engine import LLMEngine
@@ -52,14 +51,8 @@ def main() -> None:
     register()  # the knobs' defaults and the plug-ins' search path, for Hydra to compose
     refusal = check_command_line(sys.argv[1:])
     if refusal is not None:
-        refuse(refusal)
+        refuse("run.py", refusal)
     run_job()
-
-
-def refuse(message: str) -> NoReturn:
-    """A bad command line: one line on stderr, exit code 2 (a usage error, as argparse's)."""
-    print(f"run.py: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)
@@ -77,9 +70,7 @@ def run_job(cfg: DictConfig) -> None:
                 engine.hf_config.vocab_size, engine.eos_token_id,
                 interpreted=engine.triton_interpreted)
     except SETTING_ERRORS as e:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        refuse(setting_error_line(e))
+        refuse_setting_error("run.py", e)
     with failure_marked(run_dir, "run"):
         for logger in loggers:
             logger.on_start(run_dir, OmegaConf.to_container(cfg, resolve=True), len(requests))

@@ -14,6 +14,9 @@ the components keep their own checks as a second line of defence.
 from __future__ import annotations
 
 import difflib
+import os
+import sys
+from typing import NoReturn
 
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
@@ -159,15 +162,25 @@ def _has_package_header(path, group: str) -> bool:
 
 #: what a bad setting raises while a command starts (validation, the model's path, a knob, an
 #: option's constructor, the engine's checks): `python run.py` and `lab serve` report it as one
-#: line (setting_error_line), exit code 2, not a traceback
+#: line, exit code 2, not a traceback (refuse_setting_error)
 SETTING_ERRORS = (ValueError, FileNotFoundError, MissingMandatoryValue)
 
 
-def setting_error_line(e: BaseException) -> str:
-    """The one-line report of a setting error: its first line (omegaconf appends the key and
-    the object type on more lines), and how to see the traceback."""
+def refuse(command: str, message: str) -> NoReturn:
+    """A bad command line: one line on stderr naming the command, exit code 2 (a usage error,
+    as argparse's)."""
+    print(f"{command}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def refuse_setting_error(command: str, e: BaseException) -> NoReturn:
+    """A SETTING_ERRORS exception as `refuse` reports it: its first line (omegaconf appends the
+    key and the object type on more lines) and how to see the traceback; with
+    HYDRA_FULL_ERROR=1 the exception itself, traceback and all."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise e
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return f"{first} (HYDRA_FULL_ERROR=1 shows the traceback)"
+    refuse(command, f"{first} (HYDRA_FULL_ERROR=1 shows the traceback)")
 
 
 def check_command_line(args: list[str]) -> str | None:
